@@ -1,0 +1,694 @@
+//! Aggregations: what a window or a group computes from its records.
+//!
+//! An [`Aggregate`] folds records *with their diffs* into an accumulator, so
+//! that retractions (late corrections, updating inputs) are handled exactly:
+//! `count`, `sum`, `avg` and `distinct count` are invertible; `min`, `max`,
+//! `max_by` and `top_k` keep the multiset of values they may need again. The
+//! `append_only` variants keep only what an insert-only input can need (the
+//! current best values), which is what a source-fed window wants; feeding them a
+//! retraction is a bug in the program and panics with a message saying so.
+//!
+//! Accumulators are plain serde data, so operator state can be snapshotted.
+
+use std::collections::BTreeMap;
+use std::hash::Hash;
+use std::marker::PhantomData;
+
+use serde::{de::DeserializeOwned, Serialize};
+
+use crate::key::{Data, StateMap};
+use crate::time::Diff;
+
+/// An aggregation over records of type `D`.
+///
+/// `update` is called with every record and its diff; `merge` combines the
+/// accumulators of two session windows that merge; `output` reads the result,
+/// `None` meaning "no result" (an empty group emits nothing).
+///
+/// # Examples
+/// ```
+/// use highwater_operators::aggregate::{Aggregate, Count, Max};
+/// let agg = (Count, Max::of(|x: &u64| *x));
+/// let mut acc = agg.init();
+/// for x in [3u64, 9, 4] { agg.update(&mut acc, &x, 1); }
+/// agg.update(&mut acc, &9, -1);
+/// assert_eq!(agg.output(&acc), Some((2, 4)));
+/// ```
+pub trait Aggregate<D>: 'static {
+    /// The state kept per window and key.
+    type Acc: Clone + std::fmt::Debug + Serialize + DeserializeOwned + Send + 'static;
+    /// The result.
+    type Output: Data;
+    /// The accumulator of an empty group.
+    fn init(&self) -> Self::Acc;
+    /// Applies one record with its diff.
+    fn update(&self, acc: &mut Self::Acc, record: &D, diff: Diff);
+    /// Adds the records of `other` to `acc` (session windows merging).
+    fn merge(&self, acc: &mut Self::Acc, other: Self::Acc);
+    /// The result for the records in `acc`, or `None` if there is none.
+    fn output(&self, acc: &Self::Acc) -> Option<Self::Output>;
+}
+
+/// The number of records.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Count;
+
+impl<D> Aggregate<D> for Count {
+    type Acc = i64;
+    type Output = u64;
+    fn init(&self) -> i64 {
+        0
+    }
+    #[inline]
+    fn update(&self, acc: &mut i64, _record: &D, diff: Diff) {
+        *acc += diff;
+    }
+    fn merge(&self, acc: &mut i64, other: i64) {
+        *acc += other;
+    }
+    fn output(&self, acc: &i64) -> Option<u64> {
+        u64::try_from(*acc).ok().filter(|c| *c > 0)
+    }
+}
+
+/// The sum of an integer field.
+#[derive(Clone, Copy, Debug)]
+pub struct Sum<F>(F);
+
+impl<F> Sum<F> {
+    /// Sums `field(record)` over the records.
+    pub fn of<D>(field: F) -> Self
+    where
+        F: Fn(&D) -> i64,
+    {
+        Sum(field)
+    }
+}
+
+impl<D, F: Fn(&D) -> i64 + 'static> Aggregate<D> for Sum<F> {
+    /// (sum, number of records): the count tells an empty group from a zero sum.
+    type Acc = (i64, i64);
+    type Output = i64;
+    fn init(&self) -> (i64, i64) {
+        (0, 0)
+    }
+    #[inline]
+    fn update(&self, acc: &mut (i64, i64), record: &D, diff: Diff) {
+        acc.0 += (self.0)(record) * diff;
+        acc.1 += diff;
+    }
+    fn merge(&self, acc: &mut (i64, i64), other: (i64, i64)) {
+        acc.0 += other.0;
+        acc.1 += other.1;
+    }
+    fn output(&self, acc: &(i64, i64)) -> Option<i64> {
+        (acc.1 > 0).then_some(acc.0)
+    }
+}
+
+/// The average of an integer field, `SUM / COUNT` in double precision.
+#[derive(Clone, Copy, Debug)]
+pub struct Avg<F>(F);
+
+impl<F> Avg<F> {
+    /// Averages `field(record)` over the records.
+    pub fn of<D>(field: F) -> Self
+    where
+        F: Fn(&D) -> i64,
+    {
+        Avg(field)
+    }
+}
+
+impl<D, F: Fn(&D) -> i64 + 'static> Aggregate<D> for Avg<F> {
+    /// (exact sum, count).
+    type Acc = (i128, i64);
+    type Output = f64;
+    fn init(&self) -> (i128, i64) {
+        (0, 0)
+    }
+    #[inline]
+    fn update(&self, acc: &mut (i128, i64), record: &D, diff: Diff) {
+        acc.0 += i128::from((self.0)(record)) * i128::from(diff);
+        acc.1 += diff;
+    }
+    fn merge(&self, acc: &mut (i128, i64), other: (i128, i64)) {
+        acc.0 += other.0;
+        acc.1 += other.1;
+    }
+    fn output(&self, acc: &(i128, i64)) -> Option<f64> {
+        (acc.1 > 0).then(|| acc.0 as f64 / acc.1 as f64)
+    }
+}
+
+/// Adds `diff` to the multiplicity of `value`, removing it at zero.
+fn bump<V: Ord>(map: &mut BTreeMap<V, Diff>, value: V, diff: Diff) {
+    match map.entry(value) {
+        std::collections::btree_map::Entry::Vacant(e) => {
+            e.insert(diff);
+        }
+        std::collections::btree_map::Entry::Occupied(mut e) => {
+            *e.get_mut() += diff;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
+}
+
+fn merge_multisets<V: Ord>(acc: &mut BTreeMap<V, Diff>, other: BTreeMap<V, Diff>) {
+    for (v, d) in other {
+        bump(acc, v, d);
+    }
+}
+
+/// Panics with the invariant an append-only aggregate relies on.
+#[cold]
+fn append_only_violated(what: &str) -> ! {
+    panic!("{what}::append_only received a retraction: its input must be insert-only (use {what}::of for updating inputs)")
+}
+
+macro_rules! extremum {
+    ($name:ident, $doc:literal, $pick:ident, $is_max:expr, $better:expr) => {
+        #[doc = $doc]
+        ///
+        /// `of` keeps the multiset of values (exact under retractions);
+        /// `append_only` keeps only the current extremum.
+        #[derive(Clone, Copy, Debug)]
+        pub struct $name<F, V> {
+            field: F,
+            append_only: bool,
+            _value: PhantomData<fn() -> V>,
+        }
+
+        impl<F, V> $name<F, V> {
+            /// Over `field(record)`, exact under retractions.
+            pub fn of<D>(field: F) -> Self
+            where
+                F: Fn(&D) -> V,
+            {
+                $name { field, append_only: false, _value: PhantomData }
+            }
+            /// Over `field(record)`, for insert-only inputs: constant state.
+            pub fn append_only<D>(field: F) -> Self
+            where
+                F: Fn(&D) -> V,
+            {
+                $name { field, append_only: true, _value: PhantomData }
+            }
+        }
+
+        impl<D, V, F> Aggregate<D> for $name<F, V>
+        where
+            V: Data + Ord,
+            F: Fn(&D) -> V + 'static,
+        {
+            /// The multiset of values (or only the best one, append-only).
+            type Acc = BTreeMap<V, Diff>;
+            type Output = V;
+            fn init(&self) -> Self::Acc {
+                BTreeMap::new()
+            }
+            #[inline]
+            fn update(&self, acc: &mut Self::Acc, record: &D, diff: Diff) {
+                let value = (self.field)(record);
+                if self.append_only {
+                    if diff < 0 {
+                        append_only_violated(stringify!($name));
+                    }
+                    let better: fn(&V, &V) -> bool = $better;
+                    match acc.$pick() {
+                        Some((best, _)) if !better(&value, best) => {}
+                        _ => {
+                            acc.clear();
+                            acc.insert(value, 1);
+                        }
+                    }
+                } else {
+                    bump(acc, value, diff);
+                }
+            }
+            fn merge(&self, acc: &mut Self::Acc, other: Self::Acc) {
+                if self.append_only {
+                    for (v, _) in other {
+                        let better: fn(&V, &V) -> bool = $better;
+                        if acc.$pick().map_or(true, |(best, _)| better(&v, best)) {
+                            acc.clear();
+                            acc.insert(v, 1);
+                        }
+                    }
+                } else {
+                    merge_multisets(acc, other);
+                }
+            }
+            fn output(&self, acc: &Self::Acc) -> Option<V> {
+                if $is_max {
+                    acc.iter().rev().find(|(_, d)| **d > 0).map(|(v, _)| v.clone())
+                } else {
+                    acc.iter().find(|(_, d)| **d > 0).map(|(v, _)| v.clone())
+                }
+            }
+        }
+    };
+}
+
+extremum!(Max, "The maximum of a field.", last_key_value, true, |a, b| a > b);
+extremum!(Min, "The minimum of a field.", first_key_value, false, |a, b| a < b);
+
+/// All records whose `field` is the maximum (every tie), in arrival order.
+///
+/// With a field that breaks every tie (e.g. `(price, Reverse(time), ...)`)
+/// this is "the best record". `of` keeps every record (exact under
+/// retractions); `append_only` keeps only the current best records.
+#[derive(Clone, Copy, Debug)]
+pub struct MaxBy<F, V> {
+    field: F,
+    append_only: bool,
+    _value: PhantomData<fn() -> V>,
+}
+
+impl<F, V> MaxBy<F, V> {
+    /// Records with the greatest `field(record)`, exact under retractions.
+    pub fn of<D>(field: F) -> Self
+    where
+        F: Fn(&D) -> V,
+    {
+        MaxBy { field, append_only: false, _value: PhantomData }
+    }
+    /// Records with the greatest `field(record)`, for insert-only inputs.
+    pub fn append_only<D>(field: F) -> Self
+    where
+        F: Fn(&D) -> V,
+    {
+        MaxBy { field, append_only: true, _value: PhantomData }
+    }
+}
+
+impl<D, V, F> Aggregate<D> for MaxBy<F, V>
+where
+    D: Data + PartialEq,
+    V: Data + Ord,
+    F: Fn(&D) -> V + 'static,
+{
+    /// Records grouped by their field value, each with its multiplicity.
+    type Acc = BTreeMap<V, Vec<(D, Diff)>>;
+    type Output = Vec<D>;
+    fn init(&self) -> Self::Acc {
+        BTreeMap::new()
+    }
+    #[inline]
+    fn update(&self, acc: &mut Self::Acc, record: &D, diff: Diff) {
+        let value = (self.field)(record);
+        if self.append_only {
+            if diff < 0 {
+                append_only_violated("MaxBy");
+            }
+            match acc.last_key_value() {
+                Some((best, _)) if value < *best => return,
+                Some((best, _)) if value > *best => acc.clear(),
+                _ => {}
+            }
+        }
+        let group = acc.entry(value.clone()).or_default();
+        match group.iter_mut().position(|(d, _)| d == record) {
+            Some(i) => {
+                group[i].1 += diff;
+                if group[i].1 == 0 {
+                    group.remove(i);
+                }
+            }
+            None => group.push((record.clone(), diff)),
+        }
+        if group.is_empty() {
+            acc.remove(&value);
+        }
+    }
+    fn merge(&self, acc: &mut Self::Acc, other: Self::Acc) {
+        for (_, group) in other {
+            for (d, r) in group {
+                self.update(acc, &d, r);
+            }
+        }
+    }
+    fn output(&self, acc: &Self::Acc) -> Option<Vec<D>> {
+        let (_, group) = acc.last_key_value()?;
+        let mut out = Vec::new();
+        for (d, r) in group {
+            for _ in 0..(*r).max(0) {
+                out.push(d.clone());
+            }
+        }
+        (!out.is_empty()).then_some(out)
+    }
+}
+
+/// The number of distinct values of a field.
+#[derive(Clone, Copy, Debug)]
+pub struct DistinctCount<F, V> {
+    field: F,
+    _value: PhantomData<fn() -> V>,
+}
+
+impl<F, V> DistinctCount<F, V> {
+    /// Counts distinct `field(record)`; records where it is `None` are skipped.
+    ///
+    /// ```
+    /// use highwater_operators::aggregate::{Aggregate, DistinctCount};
+    /// let agg = DistinctCount::of(|x: &u32| (*x < 10).then_some(*x));
+    /// let mut acc = agg.init();
+    /// for x in [1u32, 1, 2, 30] { agg.update(&mut acc, &x, 1); }
+    /// assert_eq!(agg.output(&acc), Some(2));
+    /// ```
+    pub fn of<D>(field: F) -> Self
+    where
+        F: Fn(&D) -> Option<V>,
+    {
+        DistinctCount { field, _value: PhantomData }
+    }
+}
+
+impl<D, V, F> Aggregate<D> for DistinctCount<F, V>
+where
+    V: Data + Hash + Eq,
+    F: Fn(&D) -> Option<V> + 'static,
+{
+    /// Multiplicity of each value, and the number of records seen (so an
+    /// all-skipped group still reports 0 rather than nothing).
+    type Acc = (StateMap<V, Diff>, i64);
+    type Output = u64;
+    fn init(&self) -> Self::Acc {
+        (StateMap::default(), 0)
+    }
+    #[inline]
+    fn update(&self, acc: &mut Self::Acc, record: &D, diff: Diff) {
+        acc.1 += diff;
+        if let Some(value) = (self.field)(record) {
+            let entry = acc.0.entry(value);
+            match entry {
+                std::collections::hash_map::Entry::Occupied(mut e) => {
+                    *e.get_mut() += diff;
+                    if *e.get() == 0 {
+                        e.remove();
+                    }
+                }
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(diff);
+                }
+            }
+        }
+    }
+    fn merge(&self, acc: &mut Self::Acc, other: Self::Acc) {
+        acc.1 += other.1;
+        for (v, d) in other.0 {
+            let e = acc.0.entry(v).or_insert(0);
+            *e += d;
+        }
+        acc.0.retain(|_, d| *d != 0);
+    }
+    fn output(&self, acc: &Self::Acc) -> Option<u64> {
+        (acc.1 > 0).then(|| acc.0.values().filter(|d| **d > 0).count() as u64)
+    }
+}
+
+/// The `k` greatest values of a field, greatest first, with repetitions.
+#[derive(Clone, Copy, Debug)]
+pub struct TopK<F, V> {
+    k: usize,
+    field: F,
+    append_only: bool,
+    _value: PhantomData<fn() -> V>,
+}
+
+impl<F, V> TopK<F, V> {
+    /// The `k` greatest `field(record)`, exact under retractions.
+    pub fn of<D>(k: usize, field: F) -> Self
+    where
+        F: Fn(&D) -> V,
+    {
+        TopK { k, field, append_only: false, _value: PhantomData }
+    }
+    /// The `k` greatest `field(record)` of an insert-only input: keeps `k` values.
+    pub fn append_only<D>(k: usize, field: F) -> Self
+    where
+        F: Fn(&D) -> V,
+    {
+        TopK { k, field, append_only: true, _value: PhantomData }
+    }
+
+    fn trim(&self, acc: &mut BTreeMap<V, Diff>)
+    where
+        V: Ord,
+    {
+        if !self.append_only {
+            return;
+        }
+        let mut total: i64 = acc.values().sum();
+        while total > self.k as i64 {
+            let mut first = acc.first_entry().expect("a non-empty multiset has a first entry");
+            let excess = (total - self.k as i64).min(*first.get());
+            *first.get_mut() -= excess;
+            total -= excess;
+            if *first.get() == 0 {
+                first.remove();
+            }
+        }
+    }
+}
+
+impl<D, V, F> Aggregate<D> for TopK<F, V>
+where
+    V: Data + Ord,
+    F: Fn(&D) -> V + 'static,
+{
+    /// Multiset of values (at most `k` of them when append-only).
+    type Acc = BTreeMap<V, Diff>;
+    type Output = Vec<V>;
+    fn init(&self) -> Self::Acc {
+        BTreeMap::new()
+    }
+    #[inline]
+    fn update(&self, acc: &mut Self::Acc, record: &D, diff: Diff) {
+        if self.append_only && diff < 0 {
+            append_only_violated("TopK");
+        }
+        let value = (self.field)(record);
+        if self.append_only && acc.len() >= self.k {
+            if let Some((least, _)) = acc.first_key_value() {
+                if value < *least {
+                    return;
+                }
+            }
+        }
+        bump(acc, value, diff);
+        self.trim(acc);
+    }
+    fn merge(&self, acc: &mut Self::Acc, other: Self::Acc) {
+        merge_multisets(acc, other);
+        self.trim(acc);
+    }
+    fn output(&self, acc: &Self::Acc) -> Option<Vec<V>> {
+        let mut out = Vec::with_capacity(self.k);
+        for (v, d) in acc.iter().rev() {
+            for _ in 0..(*d).max(0) {
+                if out.len() == self.k {
+                    return Some(out);
+                }
+                out.push(v.clone());
+            }
+        }
+        (!out.is_empty()).then_some(out)
+    }
+}
+
+/// Every record of the group, each as often as its multiplicity.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Collect;
+
+impl<D: Data + PartialEq> Aggregate<D> for Collect {
+    /// Records with their multiplicities, in arrival order.
+    type Acc = Vec<(D, Diff)>;
+    type Output = Vec<D>;
+    fn init(&self) -> Self::Acc {
+        Vec::new()
+    }
+    fn update(&self, acc: &mut Self::Acc, record: &D, diff: Diff) {
+        match acc.iter_mut().position(|(d, _)| d == record) {
+            Some(i) => {
+                acc[i].1 += diff;
+                if acc[i].1 == 0 {
+                    acc.remove(i);
+                }
+            }
+            None => acc.push((record.clone(), diff)),
+        }
+    }
+    fn merge(&self, acc: &mut Self::Acc, other: Self::Acc) {
+        for (d, r) in other {
+            self.update(acc, &d, r);
+        }
+    }
+    fn output(&self, acc: &Self::Acc) -> Option<Vec<D>> {
+        let out: Vec<D> = acc
+            .iter()
+            .flat_map(|(d, r)| std::iter::repeat_n(d.clone(), (*r).max(0) as usize))
+            .collect();
+        (!out.is_empty()).then_some(out)
+    }
+}
+
+/// A user-defined aggregation: an initial state, a step that applies a record
+/// with its diff (a retraction has `diff < 0`), and a merge for sessions.
+///
+/// ```
+/// use highwater_operators::aggregate::{Aggregate, Fold};
+/// // The longest word, keeping it simple: insert-only.
+/// let longest = Fold::new(
+///     String::new(),
+///     |acc: &mut String, w: &&str, _diff| if w.len() > acc.len() { *acc = w.to_string() },
+///     |acc: &mut String, other: String| if other.len() > acc.len() { *acc = other },
+/// );
+/// let mut acc = longest.init();
+/// for w in ["a", "abc", "ab"] { longest.update(&mut acc, &w, 1); }
+/// assert_eq!(longest.output(&acc).as_deref(), Some("abc"));
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Fold<A, S, M> {
+    init: A,
+    step: S,
+    merge: M,
+}
+
+impl<A, S, M> Fold<A, S, M> {
+    /// A fold from `init` with `step(acc, record, diff)` and `merge(acc, other)`.
+    pub fn new<D>(init: A, step: S, merge: M) -> Self
+    where
+        S: Fn(&mut A, &D, Diff),
+        M: Fn(&mut A, A),
+    {
+        Fold { init, step, merge }
+    }
+}
+
+impl<D, A, S, M> Aggregate<D> for Fold<A, S, M>
+where
+    A: Data,
+    S: Fn(&mut A, &D, Diff) + 'static,
+    M: Fn(&mut A, A) + 'static,
+{
+    /// The folded state and the net number of records.
+    type Acc = (A, i64);
+    type Output = A;
+    fn init(&self) -> (A, i64) {
+        (self.init.clone(), 0)
+    }
+    fn update(&self, acc: &mut (A, i64), record: &D, diff: Diff) {
+        (self.step)(&mut acc.0, record, diff);
+        acc.1 += diff;
+    }
+    fn merge(&self, acc: &mut (A, i64), other: (A, i64)) {
+        (self.merge)(&mut acc.0, other.0);
+        acc.1 += other.1;
+    }
+    fn output(&self, acc: &(A, i64)) -> Option<A> {
+        (acc.1 > 0).then(|| acc.0.clone())
+    }
+}
+
+macro_rules! tuple_aggregate {
+    ($($name:ident $idx:tt),+) => {
+        /// Several aggregations of the same records at once; a result exists
+        /// when every part has one.
+        impl<D, $($name: Aggregate<D>),+> Aggregate<D> for ($($name,)+) {
+            type Acc = ($($name::Acc,)+);
+            type Output = ($($name::Output,)+);
+            fn init(&self) -> Self::Acc {
+                ($(self.$idx.init(),)+)
+            }
+            #[inline]
+            fn update(&self, acc: &mut Self::Acc, record: &D, diff: Diff) {
+                $(self.$idx.update(&mut acc.$idx, record, diff);)+
+            }
+            fn merge(&self, acc: &mut Self::Acc, other: Self::Acc) {
+                $(self.$idx.merge(&mut acc.$idx, other.$idx);)+
+            }
+            fn output(&self, acc: &Self::Acc) -> Option<Self::Output> {
+                Some(($(self.$idx.output(&acc.$idx)?,)+))
+            }
+        }
+    };
+}
+
+tuple_aggregate!(A 0, B 1);
+tuple_aggregate!(A 0, B 1, C 2);
+tuple_aggregate!(A 0, B 1, C 2, E 3);
+tuple_aggregate!(A 0, B 1, C 2, E 3, G 4);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run<A: Aggregate<u64>>(agg: &A, updates: &[(u64, Diff)]) -> Option<A::Output> {
+        let mut acc = agg.init();
+        for (v, d) in updates {
+            agg.update(&mut acc, v, *d);
+        }
+        agg.output(&acc)
+    }
+
+    #[test]
+    fn max_and_min_are_exact_under_retraction() {
+        let ups = [(5, 1), (9, 1), (7, 1), (9, -1)];
+        assert_eq!(run(&Max::of(|x: &u64| *x), &ups), Some(7));
+        assert_eq!(run(&Min::of(|x: &u64| *x), &ups), Some(5));
+        assert_eq!(run(&Max::of(|x: &u64| *x), &[(1, 1), (1, -1)]), None);
+    }
+
+    #[test]
+    fn append_only_extrema_keep_one_value() {
+        let agg = Max::append_only(|x: &u64| *x);
+        let mut acc = agg.init();
+        for x in [3, 8, 2, 8] {
+            agg.update(&mut acc, &x, 1);
+        }
+        assert_eq!(acc.len(), 1);
+        assert_eq!(agg.output(&acc), Some(8));
+    }
+
+    #[test]
+    #[should_panic(expected = "must be insert-only")]
+    fn append_only_rejects_retractions() {
+        run(&Max::append_only(|x: &u64| *x), &[(3, 1), (3, -1)]);
+    }
+
+    #[test]
+    fn max_by_reports_all_ties() {
+        let agg = MaxBy::of(|x: &u64| *x / 10);
+        assert_eq!(run(&agg, &[(11, 1), (25, 1), (21, 1), (3, 1)]), Some(vec![25, 21]));
+        let agg = MaxBy::append_only(|x: &u64| *x / 10);
+        assert_eq!(run(&agg, &[(11, 1), (25, 1), (21, 1), (3, 1)]), Some(vec![25, 21]));
+    }
+
+    #[test]
+    fn top_k_keeps_repetitions() {
+        let ups = [(1, 1), (5, 2), (3, 1), (4, 1)];
+        assert_eq!(run(&TopK::of(3, |x: &u64| *x), &ups), Some(vec![5, 5, 4]));
+        assert_eq!(run(&TopK::append_only(3, |x: &u64| *x), &ups), Some(vec![5, 5, 4]));
+    }
+
+    #[test]
+    fn avg_is_sum_over_count() {
+        assert_eq!(run(&Avg::of(|x: &u64| *x as i64), &[(1, 1), (2, 1), (4, 1)]), Some(7.0 / 3.0));
+    }
+
+    #[test]
+    fn merge_equals_union() {
+        let agg = (Count, Sum::of(|x: &u64| *x as i64), DistinctCount::of(|x: &u64| Some(*x)));
+        let mut a = agg.init();
+        let mut b = agg.init();
+        agg.update(&mut a, &1, 1);
+        agg.update(&mut b, &1, 1);
+        agg.update(&mut b, &2, 1);
+        agg.merge(&mut a, b);
+        assert_eq!(agg.output(&a), Some((3, 4, 2)));
+    }
+}

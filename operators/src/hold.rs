@@ -1,0 +1,132 @@
+//! Bookkeeping shared by the windowed operators: which output times they still
+//! owe, the capability that lets them emit there, and records waiting for the
+//! watermark to pass them.
+
+use std::collections::BTreeMap;
+
+use timely::dataflow::operators::{Capability, InputCapability};
+
+use crate::time::Timestamp;
+
+/// A capability for the least of the times an operator still has to emit at.
+///
+/// Operators add a time when they promise output there (a window that will
+/// fire, a record waiting for the watermark), remove it when the output has
+/// gone out, and [`settle`](Hold::settle) to downgrade the capability so that
+/// the watermark downstream advances as far as the promises allow.
+#[derive(Debug, Default)]
+pub(crate) struct Hold {
+    cap: Option<Capability<Timestamp>>,
+    times: BTreeMap<Timestamp, usize>,
+}
+
+impl Hold {
+    /// Promises output at `time`, which must not precede `input`'s time.
+    pub(crate) fn insert(&mut self, time: Timestamp, input: &InputCapability<Timestamp>) {
+        *self.times.entry(time).or_insert(0) += 1;
+        if self.cap.as_ref().is_none_or(|c| *c.time() > time) {
+            self.cap = Some(input.delayed(&time, 0));
+        }
+    }
+
+    /// Withdraws one promise at `time`.
+    pub(crate) fn remove(&mut self, time: Timestamp) {
+        if let Some(n) = self.times.get_mut(&time) {
+            *n -= 1;
+            if *n == 0 {
+                self.times.remove(&time);
+            }
+        }
+    }
+
+    /// A capability to emit at `time`, which must not precede a promise still held.
+    pub(crate) fn at(&self, time: Timestamp) -> Capability<Timestamp> {
+        self.cap.as_ref().expect("output is only owed under a held capability").delayed(&time)
+    }
+
+    /// A capability to emit at `time`, or at the held time if that is later.
+    pub(crate) fn at_or_after(&self, time: Timestamp) -> Capability<Timestamp> {
+        let cap = self.cap.as_ref().expect("output is only owed under a held capability");
+        cap.delayed(&time.max(*cap.time()))
+    }
+
+    /// The least time still promised, if any.
+    pub(crate) fn least(&self) -> Option<Timestamp> {
+        self.times.first_key_value().map(|(t, _)| *t)
+    }
+
+    /// Downgrades the capability to the least promise, or to `floor` if that is
+    /// lower; drops it when nothing is promised and there is no floor.
+    pub(crate) fn settle(&mut self, floor: Option<Timestamp>) {
+        let least = match (self.least(), floor) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match least {
+            Some(t) => {
+                if let Some(cap) = self.cap.as_mut() {
+                    if *cap.time() < t {
+                        cap.downgrade(&t);
+                    }
+                }
+            }
+            None => self.cap = None,
+        }
+    }
+}
+
+/// Records waiting until the watermark passes their event time, so that they
+/// can be taken in event-time order.
+#[derive(Debug)]
+pub(crate) struct Waiting<D> {
+    /// By event time: the records, and the timely time their results go out at
+    /// (their event time, or their arrival time if they came later).
+    by_time: BTreeMap<Timestamp, (Vec<D>, Timestamp)>,
+}
+
+impl<D> Default for Waiting<D> {
+    fn default() -> Self {
+        Waiting { by_time: BTreeMap::new() }
+    }
+}
+
+impl<D> Waiting<D> {
+    /// Adds `record` at `time`; it arrived at timely time `arrived`.
+    pub(crate) fn insert(
+        &mut self,
+        record: D,
+        time: Timestamp,
+        arrived: Timestamp,
+        hold: &mut Hold,
+        cap: &InputCapability<Timestamp>,
+    ) {
+        let needed = time.max(arrived);
+        let (records, emit_at) = self.by_time.entry(time).or_insert_with(|| (Vec::new(), Timestamp::MAX));
+        records.push(record);
+        if needed < *emit_at {
+            if *emit_at != Timestamp::MAX {
+                hold.remove(*emit_at);
+            }
+            *emit_at = needed;
+            hold.insert(needed, cap);
+        }
+    }
+
+    /// The earliest waiting time below `watermark`, with its records and
+    /// emission time; the hold's promise for it is withdrawn (the caller emits
+    /// under [`Hold::at`] before settling).
+    pub(crate) fn pop_before(&mut self, watermark: Timestamp, hold: &mut Hold) -> Option<(Timestamp, Vec<D>, Timestamp)> {
+        let entry = self.by_time.first_entry()?;
+        if *entry.key() >= watermark {
+            return None;
+        }
+        let (time, (records, emit_at)) = entry.remove_entry();
+        hold.remove(emit_at);
+        Some((time, records, emit_at))
+    }
+
+    /// The earliest waiting event time.
+    pub(crate) fn first_time(&self) -> Option<Timestamp> {
+        self.by_time.first_key_value().map(|(t, _)| *t)
+    }
+}

@@ -1,0 +1,52 @@
+//! Event-time dataflow operators for highwater: windows, aggregations and
+//! joins over [`EventStream`]s, built on timely dataflow.
+//!
+//! This crate holds operators only: no I/O, no connectors. Streams carry
+//! `(data, event_time, diff)` updates whose timely timestamps are watermarks;
+//! see [`EventStream`] for the time model and [`window`] for windows.
+//!
+//! ```
+//! use highwater_operators::prelude::*;
+//! use timely::dataflow::operators::ToStream;
+//! use timely::dataflow::operators::capture::{Capture, Extract};
+//!
+//! let captured = timely::example(|scope| {
+//!     let bids = vec![((1u64, 100i64), 1_000u64, 1i64), ((1, 300), 2_000, 1), ((2, 50), 3_000, 1)];
+//!     EventStream::new(bids.to_stream(scope))
+//!         .window(Tumbling::of(10.secs()))
+//!         .key_by(|(auction, _price): &(u64, i64)| *auction)
+//!         .aggregate(Max::of(|(_, price): &(u64, i64)| *price))
+//!         .results.inner.capture()
+//! });
+//! let mut maxima: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d)
+//!     .map(|(r, _, _)| (r.key, r.value)).collect();
+//! maxima.sort();
+//! assert_eq!(maxima, vec![(1, 300), (2, 50)]);
+//! ```
+
+#![forbid(missing_docs)]
+
+pub mod aggregate;
+mod hold;
+pub mod key;
+pub mod late;
+pub mod stream;
+pub mod time;
+pub mod window;
+
+pub use aggregate::Aggregate;
+pub use late::{Counter, LateOutput};
+pub use stream::{EventStream, Update};
+pub use time::{AllowedLateness, Diff, DurationExt, Timestamp, END_OF_TIME};
+
+/// The names most programs use.
+pub mod prelude {
+    pub use crate::aggregate::{Aggregate, Avg, Collect, Count, DistinctCount, Fold, Max, MaxBy, Min, Sum, TopK};
+    pub use crate::late::LateOutput;
+    pub use crate::stream::EventStream;
+    pub use crate::time::{AllowedLateness, Diff, DurationExt, Timestamp};
+    pub use crate::window::{
+        windows_by, CountTrigger, CountWindows, EventTimeTrigger, GlobalWindows, ProcessingTimeTrigger, Session,
+        Sliding, Trigger, TriggerAction, Tumbling, Window, WindowResult,
+    };
+}

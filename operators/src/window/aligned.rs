@@ -1,0 +1,210 @@
+//! The operator behind tumbling, sliding and function-assigned windows:
+//! windows that do not merge, so each record updates its windows in place.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::rc::Rc;
+
+use smallvec::SmallVec;
+use timely::container::CapacityContainerBuilder;
+use timely::dataflow::channels::pact::Exchange;
+use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
+use timely::dataflow::operators::generic::OutputBuilder;
+use timely::dataflow::operators::InputCapability;
+
+use super::{AssignWindows, Window, WindowResult, Windowed};
+use crate::aggregate::Aggregate;
+use crate::hold::Hold;
+use crate::key::{route, Data, Key, StateMap};
+use crate::late::{Counter, LateOutput};
+use crate::stream::{EventStream, Update};
+use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
+
+/// Per window and key: the accumulator and what was last emitted for it.
+#[derive(Debug)]
+struct Slot<Acc, O> {
+    acc: Acc,
+    emitted: Option<O>,
+    /// Changed since its window fired; a correction is due.
+    dirty: bool,
+}
+
+/// The windows that end at the same time.
+#[derive(Debug)]
+struct Bucket<K, Acc, O> {
+    /// The timely time the bucket's first results go out at: its last
+    /// millisecond, or later if its first record arrived later than that.
+    emit_at: Timestamp,
+    slots: StateMap<(Timestamp, K), Slot<Acc, O>>,
+}
+
+/// The operator's state: every window not yet released, by end.
+#[derive(Debug)]
+struct State<K, Acc, O> {
+    buckets: BTreeMap<Timestamp, Bucket<K, Acc, O>>,
+    /// Windows ending at or before this watermark have fired.
+    fired_upto: Timestamp,
+    /// Fired windows changed by late records, awaiting their correction.
+    dirty: Vec<(Timestamp, Timestamp, K)>,
+}
+
+impl<K: Key, Acc, O: Clone> State<K, Acc, O> {
+    fn new() -> Self {
+        State { buckets: BTreeMap::new(), fired_upto: 0, dirty: Vec::new() }
+    }
+
+    /// The slot of `window` and `key`, creating it; a window that has not
+    /// fired yet promises output no later than the arrival of its records.
+    fn slot(
+        &mut self,
+        window: Window,
+        key: &K,
+        arrived: Timestamp,
+        hold: &mut Hold,
+        cap: &InputCapability<Timestamp>,
+        init: impl FnOnce() -> Acc,
+    ) -> &mut Slot<Acc, O> {
+        let fired = window.end <= self.fired_upto;
+        let bucket = self
+            .buckets
+            .entry(window.end)
+            .or_insert_with(|| Bucket { emit_at: Timestamp::MAX, slots: StateMap::default() });
+        if !fired {
+            let needed = (window.end - 1).max(arrived);
+            if needed < bucket.emit_at {
+                if bucket.emit_at != Timestamp::MAX {
+                    hold.remove(bucket.emit_at);
+                }
+                bucket.emit_at = needed;
+                hold.insert(needed, cap);
+            }
+        }
+        let slot = bucket
+            .slots
+            .entry((window.start, key.clone()))
+            .or_insert_with(|| Slot { acc: init(), emitted: None, dirty: false });
+        if fired && !slot.dirty {
+            slot.dirty = true;
+            self.dirty.push((window.end, window.start, key.clone()));
+        }
+        slot
+    }
+}
+
+pub(super) fn aggregate<'scope, D, K, KF, W, A>(
+    stream: &EventStream<'scope, D>,
+    name: &str,
+    key: KF,
+    windows: W,
+    lateness: AllowedLateness,
+    agg: A,
+) -> Windowed<'scope, K, A::Output, D>
+where
+    D: Data,
+    K: Key,
+    KF: Fn(&D) -> K + 'static,
+    W: AssignWindows<D>,
+    A: Aggregate<D>,
+{
+    type ResultBuilder<K, O> = CapacityContainerBuilder<Vec<Update<WindowResult<K, O>>>>;
+
+    let key = Rc::new(key);
+    let key_route = Rc::clone(&key);
+    let pact = Exchange::new(move |u: &Update<D>| route(&key_route(&u.0)));
+
+    let mut builder = OperatorBuilder::new(name.to_owned(), stream.scope());
+    let mut input = builder.new_input(stream.inner.clone(), pact);
+    let (results_out, results) = builder.new_output();
+    let (late_out, late) = builder.new_output();
+    let mut results_out = OutputBuilder::<_, ResultBuilder<K, A::Output>>::from(results_out);
+    let mut late_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<D>>>>::from(late_out);
+    let late_count = Counter::new();
+    let counter = late_count.clone();
+
+    builder.build(move |_initial_capabilities| {
+        let mut state = State::<K, A::Acc, A::Output>::new();
+        let mut hold = Hold::default();
+        let mut assigned: SmallVec<[Window; 4]> = SmallVec::new();
+        move |frontiers| {
+            let mut results = results_out.activate();
+            let mut late = late_out.activate();
+
+            input.for_each_stamp(|cap, data| {
+                let arrived = arrival_time(&cap);
+                let mut late_session = late.session(&cap);
+                for batch in data {
+                    for (record, time, diff) in batch.drain(..) {
+                        assigned.clear();
+                        windows.assign(&record, time, &mut assigned);
+                        let k = key(&record);
+                        let mut taken = false;
+                        for window in assigned.iter() {
+                            if lateness.release_at(window.end) <= arrived {
+                                continue;
+                            }
+                            taken = true;
+                            let slot = state.slot(*window, &k, arrived, &mut hold, &cap, || agg.init());
+                            agg.update(&mut slot.acc, &record, diff);
+                        }
+                        if !taken {
+                            late_session.give((record, time, diff));
+                            counter.add(1);
+                        }
+                    }
+                }
+                drop(late_session);
+                // Corrections of windows that had fired go out at the arrival time.
+                if !state.dirty.is_empty() {
+                    let mut session = results.session(&cap);
+                    for (end, start, k) in state.dirty.drain(..) {
+                        let slot = state
+                            .buckets
+                            .get_mut(&end)
+                            .and_then(|b| b.slots.get_mut(&(start, k.clone())))
+                            .expect("a dirty window is released only after its correction");
+                        slot.dirty = false;
+                        let window = Window::new(start, end);
+                        if let Some(old) = slot.emitted.take() {
+                            session.give((WindowResult { window, key: k.clone(), value: old }, end - 1, -1));
+                        }
+                        if let Some(new) = agg.output(&slot.acc) {
+                            slot.emitted = Some(new.clone());
+                            session.give((WindowResult { window, key: k, value: new }, end - 1, 1));
+                        }
+                    }
+                }
+            });
+
+            let watermark = watermark_of(&frontiers[0]);
+            if watermark > state.fired_upto {
+                let range = (Bound::Excluded(state.fired_upto), Bound::Included(watermark));
+                for (&end, bucket) in state.buckets.range_mut(range) {
+                    let cap = hold.at(bucket.emit_at);
+                    let mut session = results.session(&cap);
+                    for ((start, k), slot) in bucket.slots.iter_mut() {
+                        if let Some(value) = agg.output(&slot.acc) {
+                            slot.emitted = Some(value.clone());
+                            let window = Window::new(*start, end);
+                            session.give((WindowResult { window, key: k.clone(), value }, end - 1, 1));
+                        }
+                    }
+                    hold.remove(bucket.emit_at);
+                }
+                state.fired_upto = watermark;
+                hold.settle(None);
+                // Released once no record can still reach the window.
+                while let Some(entry) = state.buckets.first_entry() {
+                    if lateness.release_at(*entry.key()) > watermark {
+                        break;
+                    }
+                    entry.remove();
+                }
+            }
+        }
+    });
+
+    Windowed {
+        results: EventStream::new(results),
+        late: LateOutput { stream: EventStream::new(late), count: late_count },
+    }
+}

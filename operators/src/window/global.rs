@@ -1,0 +1,449 @@
+//! Global windows: one window per key for all time, fired by a trigger.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{de::DeserializeOwned, Serialize};
+use timely::container::CapacityContainerBuilder;
+use timely::dataflow::channels::pact::Exchange;
+use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
+use timely::dataflow::operators::generic::OutputBuilder;
+
+use super::{Window, WindowResult, WindowSpec, Windowed};
+use crate::aggregate::Aggregate;
+use crate::hold::{Hold, Waiting};
+use crate::key::{route, Data, Key, StateMap};
+use crate::late::{Counter, LateOutput};
+use crate::stream::{EventStream, Update};
+use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp, END_OF_TIME};
+
+/// What a trigger asks of its window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TriggerAction {
+    /// Nothing.
+    Continue,
+    /// Emit the window's result; keep its contents (the next firing replaces
+    /// this result: a retraction and the new value).
+    Fire,
+    /// Emit the result, then empty the window (the next firing is a new result).
+    FireAndPurge,
+    /// Empty the window without emitting.
+    Purge,
+}
+
+/// Decides when a global window fires, from its records, event time and
+/// processing time, like Flink's `Trigger`.
+///
+/// Records reach the trigger in event-time order (the operator waits for the
+/// watermark to pass them), so count- and event-time-based firings do not
+/// depend on arrival order; records with equal times come in arrival order.
+pub trait Trigger<D>: 'static {
+    /// Per-key trigger state, snapshotted with the window.
+    type State: Clone + Default + std::fmt::Debug + Serialize + DeserializeOwned + Send + 'static;
+
+    /// A record at `time` was added to the window.
+    fn on_record(&self, state: &mut Self::State, record: &D, time: Timestamp) -> TriggerAction;
+
+    /// The event time at which [`Trigger::on_event_time`] should next be
+    /// called for this key, after a record at `time`.
+    fn next_event_time(&self, _state: &Self::State, _time: Timestamp) -> Option<Timestamp> {
+        None
+    }
+
+    /// The watermark passed a time asked for by [`Trigger::next_event_time`].
+    fn on_event_time(&self, _state: &mut Self::State, _time: Timestamp) -> TriggerAction {
+        TriggerAction::Continue
+    }
+
+    /// If the trigger acts on processing time: the period, in wall-clock ms.
+    fn processing_period(&self) -> Option<u64> {
+        None
+    }
+
+    /// Wall-clock time reached a multiple of the processing period.
+    fn on_processing_time(&self, _state: &mut Self::State, _now: u64) -> TriggerAction {
+        TriggerAction::Continue
+    }
+}
+
+/// Fires every `n` records.
+#[derive(Clone, Copy, Debug)]
+pub struct CountTrigger(pub u64);
+
+impl<D> Trigger<D> for CountTrigger {
+    type State = u64;
+    fn on_record(&self, seen: &mut u64, _record: &D, _time: Timestamp) -> TriggerAction {
+        *seen += 1;
+        if *seen >= self.0 {
+            *seen = 0;
+            TriggerAction::Fire
+        } else {
+            TriggerAction::Continue
+        }
+    }
+}
+
+/// Fires whenever the watermark passes a multiple of `period` (epoch-aligned)
+/// after a record arrived.
+#[derive(Clone, Copy, Debug)]
+pub struct EventTimeTrigger(pub u64);
+
+impl<D> Trigger<D> for EventTimeTrigger {
+    type State = ();
+    fn on_record(&self, _: &mut (), _record: &D, _time: Timestamp) -> TriggerAction {
+        TriggerAction::Continue
+    }
+    fn next_event_time(&self, _: &(), time: Timestamp) -> Option<Timestamp> {
+        Some((time / self.0 + 1).saturating_mul(self.0))
+    }
+    fn on_event_time(&self, _: &mut (), _time: Timestamp) -> TriggerAction {
+        TriggerAction::Fire
+    }
+}
+
+/// Fires every `period` ms of wall-clock time (aligned to the epoch) for keys
+/// that received records since their last firing, and once more when the
+/// input ends.
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessingTimeTrigger(pub u64);
+
+impl<D> Trigger<D> for ProcessingTimeTrigger {
+    /// Records since the last firing.
+    type State = bool;
+    fn on_record(&self, fresh: &mut bool, _record: &D, _time: Timestamp) -> TriggerAction {
+        *fresh = true;
+        TriggerAction::Continue
+    }
+    fn processing_period(&self) -> Option<u64> {
+        Some(self.0)
+    }
+    fn on_processing_time(&self, fresh: &mut bool, _now: u64) -> TriggerAction {
+        if std::mem::take(fresh) {
+            TriggerAction::Fire
+        } else {
+            TriggerAction::Continue
+        }
+    }
+}
+
+/// Turns every `Fire` of the inner trigger into `FireAndPurge`.
+#[derive(Clone, Copy, Debug)]
+pub struct Purging<T>(pub T);
+
+fn purge(action: TriggerAction) -> TriggerAction {
+    match action {
+        TriggerAction::Fire => TriggerAction::FireAndPurge,
+        other => other,
+    }
+}
+
+impl<D, T: Trigger<D>> Trigger<D> for Purging<T> {
+    type State = T::State;
+    fn on_record(&self, state: &mut T::State, record: &D, time: Timestamp) -> TriggerAction {
+        purge(self.0.on_record(state, record, time))
+    }
+    fn next_event_time(&self, state: &T::State, time: Timestamp) -> Option<Timestamp> {
+        self.0.next_event_time(state, time)
+    }
+    fn on_event_time(&self, state: &mut T::State, time: Timestamp) -> TriggerAction {
+        purge(self.0.on_event_time(state, time))
+    }
+    fn processing_period(&self) -> Option<u64> {
+        self.0.processing_period()
+    }
+    fn on_processing_time(&self, state: &mut T::State, now: u64) -> TriggerAction {
+        purge(self.0.on_processing_time(state, now))
+    }
+}
+
+/// One window per key for all time, fired by a [`Trigger`].
+///
+/// A firing reports the window `[first record's time, firing time)`, in event
+/// time for record and event-time firings, and in wall-clock milliseconds
+/// (`[previous period, this period)`) for processing-time firings. Records
+/// later than the watermark by more than the allowed lateness go to the late
+/// output; later ones within it reach the trigger on arrival.
+///
+/// ```
+/// use highwater_operators::prelude::*;
+/// use timely::dataflow::operators::ToStream;
+/// use timely::dataflow::operators::capture::{Capture, Extract};
+///
+/// let captured = timely::example(|scope| {
+///     let xs = vec![(1u64, 10u64, 1i64), (2, 20, 1), (3, 30, 1), (4, 40, 1), (5, 50, 1)];
+///     EventStream::new(xs.to_stream(scope))
+///         .window(GlobalWindows::with_trigger(CountTrigger(2).purging()))
+///         .aggregate(Sum::of(|x: &u64| *x as i64))
+///         .results.inner.capture()
+/// });
+/// let sums: Vec<i64> = captured.extract().into_iter().flat_map(|(_, d)| d).map(|(r, _, _)| r.value).collect();
+/// assert_eq!(sums, vec![3, 7]);
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct GlobalWindows<T> {
+    trigger: T,
+}
+
+impl<T> GlobalWindows<T> {
+    /// Global windows fired by `trigger`.
+    pub fn with_trigger(trigger: T) -> Self {
+        GlobalWindows { trigger }
+    }
+}
+
+macro_rules! purging {
+    ($($ty:ident),*) => {$(
+        impl $ty {
+            /// The same trigger, emptying the window after each firing.
+            pub fn purging(self) -> Purging<Self> {
+                Purging(self)
+            }
+        }
+    )*};
+}
+purging!(CountTrigger, EventTimeTrigger, ProcessingTimeTrigger);
+
+/// A key's window.
+#[derive(Debug)]
+struct KeyWindow<Acc, S, O> {
+    acc: Acc,
+    trigger: S,
+    /// Event time of the first record since the last purge.
+    start: Timestamp,
+    /// Whether the window holds records since the last purge.
+    filled: bool,
+    emitted: Option<(Window, O)>,
+    /// The event-time timer set for this key, if any.
+    timer: Option<Timestamp>,
+}
+
+impl<D: Data, T: Trigger<D>> WindowSpec<D> for GlobalWindows<T> {
+    fn aggregate_core<'scope, K, KF, A>(
+        self,
+        stream: &EventStream<'scope, D>,
+        name: &str,
+        key: KF,
+        lateness: AllowedLateness,
+        agg: A,
+    ) -> Windowed<'scope, K, A::Output, D>
+    where
+        D: Data,
+        K: Key,
+        KF: Fn(&D) -> K + 'static,
+        A: Aggregate<D>,
+    {
+        aggregate(stream, name, key, self.trigger, lateness, agg)
+    }
+}
+
+fn wall_clock_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn act<K: Key, D, T: Trigger<D>, A: Aggregate<D>>(
+    action: TriggerAction,
+    k: &K,
+    w: &mut KeyWindow<A::Acc, T::State, A::Output>,
+    window: Window,
+    time: Timestamp,
+    agg: &A,
+    out: &mut Vec<Update<WindowResult<K, A::Output>>>,
+) {
+    let (fire, purge) = match action {
+        TriggerAction::Continue => return,
+        TriggerAction::Fire => (true, false),
+        TriggerAction::FireAndPurge => (true, true),
+        TriggerAction::Purge => (false, true),
+    };
+    if fire {
+        if let Some((old_window, old)) = w.emitted.take() {
+            out.push((WindowResult { window: old_window, key: k.clone(), value: old }, time, -1));
+        }
+        if let Some(value) = agg.output(&w.acc) {
+            out.push((WindowResult { window, key: k.clone(), value: value.clone() }, time, 1));
+            w.emitted = Some((window, value));
+        }
+    }
+    if purge {
+        w.acc = agg.init();
+        w.filled = false;
+        // A purged window's result stands: the next firing is a new window.
+        w.emitted = None;
+    }
+}
+
+fn aggregate<'scope, D, K, KF, T, A>(
+    stream: &EventStream<'scope, D>,
+    name: &str,
+    key: KF,
+    trigger: T,
+    lateness: AllowedLateness,
+    agg: A,
+) -> Windowed<'scope, K, A::Output, D>
+where
+    D: Data,
+    K: Key,
+    KF: Fn(&D) -> K + 'static,
+    T: Trigger<D>,
+    A: Aggregate<D>,
+{
+    let key = Rc::new(key);
+    let key_route = Rc::clone(&key);
+    let pact = Exchange::new(move |u: &Update<D>| route(&key_route(&u.0)));
+
+    let mut builder = OperatorBuilder::new(name.to_owned(), stream.scope());
+    let address = builder.operator_info().address;
+    let activator = stream.scope().activator_for(address);
+    let mut input = builder.new_input(stream.inner.clone(), pact);
+    let (results_out, results) = builder.new_output();
+    let (late_out, late) = builder.new_output();
+    let mut results_out =
+        OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<WindowResult<K, A::Output>>>>>::from(results_out);
+    let mut late_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<D>>>>::from(late_out);
+    let late_count = Counter::new();
+    let counter = late_count.clone();
+    let period = trigger.processing_period();
+
+    builder.build(move |_initial_capabilities| {
+        let mut windows: StateMap<K, KeyWindow<A::Acc, T::State, A::Output>> = StateMap::default();
+        let mut waiting: Waiting<D> = Waiting::default();
+        let mut timers: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
+        let mut hold = Hold::default();
+        let mut processed_upto: Timestamp = 0;
+        let mut last_period: u64 = period.map(|p| wall_clock_ms() / p * p).unwrap_or(0);
+        let mut out = Vec::new();
+
+        let new_window = |agg: &A, time| KeyWindow {
+            acc: agg.init(),
+            trigger: T::State::default(),
+            start: time,
+            filled: false,
+            emitted: None,
+            timer: None,
+        };
+
+        move |frontiers| {
+            let mut results = results_out.activate();
+            let mut late = late_out.activate();
+
+            // Adds a record to its key's window and runs the trigger.
+            let add = |record: D, time: Timestamp, windows: &mut StateMap<K, KeyWindow<_, _, _>>, timers: &mut BTreeMap<Timestamp, Vec<K>>, out: &mut Vec<_>, emit_time: Timestamp| {
+                let k = key(&record);
+                let w = windows.entry(k.clone()).or_insert_with(|| new_window(&agg, time));
+                if !w.filled {
+                    w.filled = true;
+                    w.start = time;
+                }
+                agg.update(&mut w.acc, &record, 1);
+                let action = trigger.on_record(&mut w.trigger, &record, time);
+                act::<K, D, T, A>(action, &k, w, Window::new(w.start, time + 1), emit_time, &agg, out);
+                if let Some(at) = trigger.next_event_time(&w.trigger, time) {
+                    if w.timer.is_none_or(|t| at < t) && at > processed_upto {
+                        w.timer = Some(at);
+                        timers.entry(at).or_default().push(k);
+                    }
+                }
+            };
+
+            input.for_each_stamp(|cap, data| {
+                let arrived = arrival_time(&cap);
+                for batch in data {
+                    for (record, time, diff) in batch.drain(..) {
+                        assert!(diff > 0, "global windows take insertions only (got diff {diff})");
+                        for _ in 0..diff {
+                            if time >= processed_upto {
+                                waiting.insert(record.clone(), time, arrived, &mut hold, &cap);
+                            } else if lateness.release_at(time.saturating_add(1)) <= arrived {
+                                late.session(&cap).give((record.clone(), time, 1));
+                                counter.add(1);
+                            } else {
+                                add(record.clone(), time, &mut windows, &mut timers, &mut out, arrived);
+                            }
+                        }
+                    }
+                }
+                if !out.is_empty() {
+                    results.session(&cap).give_iterator(out.drain(..));
+                }
+            });
+
+            let watermark = watermark_of(&frontiers[0]);
+            if watermark > processed_upto {
+                // Records and event-time timers in time order; a timer at `t`
+                // fires before records at `t` are added.
+                loop {
+                    let next_record = waiting.first_time().filter(|t| *t < watermark);
+                    let next_timer = timers.first_key_value().map(|(t, _)| *t).filter(|t| *t <= watermark);
+                    match (next_record, next_timer) {
+                        (_, Some(t)) if next_record.is_none_or(|r| t <= r) => {
+                            let (t, due) = timers.pop_first().expect("checked above");
+                            let emit = t.saturating_sub(1);
+                            for k in due {
+                                let Some(w) = windows.get_mut(&k) else { continue };
+                                if w.timer != Some(t) {
+                                    continue;
+                                }
+                                w.timer = None;
+                                let action = trigger.on_event_time(&mut w.trigger, t);
+                                act::<K, D, T, A>(action, &k, w, Window::new(w.start, t), emit, &agg, &mut out);
+                            }
+                            if !out.is_empty() {
+                                results.session(&hold.at_or_after(emit)).give_iterator(out.drain(..));
+                            }
+                        }
+                        (Some(_), _) => {
+                            let (time, records, emit_at) =
+                                waiting.pop_before(watermark, &mut hold).expect("checked above");
+                            for record in records {
+                                add(record, time, &mut windows, &mut timers, &mut out, emit_at);
+                            }
+                            if !out.is_empty() {
+                                results.session(&hold.at(emit_at)).give_iterator(out.drain(..));
+                            }
+                        }
+                        _ => break,
+                    }
+                }
+                processed_upto = watermark;
+            }
+
+            if let Some(period) = period {
+                let now = wall_clock_ms();
+                let this_period = now / period * period;
+                let ended = watermark == END_OF_TIME;
+                if this_period > last_period || ended {
+                    let emit = processed_upto.min(hold.least().unwrap_or(processed_upto));
+                    let window = Window::new(last_period, this_period.max(last_period + 1));
+                    for (k, w) in windows.iter_mut() {
+                        let mut action = trigger.on_processing_time(&mut w.trigger, this_period);
+                        if ended && w.filled && action == TriggerAction::Continue {
+                            action = TriggerAction::Fire;
+                        }
+                        act::<K, D, T, A>(action, k, w, window, emit, &agg, &mut out);
+                    }
+                    if !out.is_empty() && emit < END_OF_TIME {
+                        results.session(&hold.at_or_after(emit)).give_iterator(out.drain(..));
+                    }
+                    out.clear();
+                    last_period = this_period;
+                }
+                if !ended {
+                    activator.activate_after(std::time::Duration::from_millis(last_period + period - now));
+                }
+            }
+            windows.retain(|_, w| w.filled || w.timer.is_some() || w.emitted.is_some());
+            // Processing-time firings may come at any moment: hold the watermark while windows are filled.
+            let floor = (period.is_some() && windows.values().any(|w| w.filled) || !timers.is_empty())
+                .then_some(processed_upto)
+                .filter(|t| *t < END_OF_TIME);
+            hold.settle(floor);
+        }
+    });
+
+    Windowed {
+        results: EventStream::new(results),
+        late: LateOutput { stream: EventStream::new(late), count: late_count },
+    }
+}

@@ -1,0 +1,342 @@
+//! Windows over event time: tumbling, sliding, session, global with triggers,
+//! and count windows, each aggregated per key.
+//!
+//! Time windows are aligned to the epoch, as in Flink: a 10 s tumbling window
+//! is `[k·10 s, (k+1)·10 s)`. A window's result is emitted when the watermark
+//! (the operator's input frontier) passes the window's end, with the window's
+//! last millisecond as its event time. Records that arrive after that, but
+//! within the [`AllowedLateness`], retract the emitted result and emit the
+//! corrected one; records later still go to the [`LateOutput`]. A window's state
+//! is released once the watermark passes `end + allowed lateness`, so memory
+//! stays flat over an unbounded input.
+//!
+//! # Examples
+//! ```
+//! use highwater_operators::prelude::*;
+//! use timely::dataflow::operators::ToStream;
+//! use timely::dataflow::operators::capture::{Capture, Extract};
+//!
+//! let captured = timely::example(|scope| {
+//!     // (word, event time, diff): two words in [0, 10s), one in [10s, 20s).
+//!     let words = vec![('a', 1_000u64, 1i64), ('b', 9_999, 1), ('a', 10_000, 1)].to_stream(scope);
+//!     EventStream::new(words)
+//!         .window(Tumbling::of(10.secs()))
+//!         .aggregate(Count)
+//!         .results
+//!         .inner
+//!         .capture()
+//! });
+//! let mut out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d)
+//!     .map(|(r, _time, diff)| (r.window.start, r.value, diff)).collect();
+//! out.sort();
+//! assert_eq!(out, vec![(0, 2, 1), (10_000, 1, 1)]);
+//! ```
+
+mod aligned;
+mod count;
+mod global;
+mod session;
+
+use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
+
+use crate::aggregate::Aggregate;
+use crate::key::{Data, Key};
+use crate::late::LateOutput;
+use crate::stream::EventStream;
+use crate::time::{AllowedLateness, Timestamp};
+
+pub use count::CountWindows;
+pub use global::{CountTrigger, EventTimeTrigger, GlobalWindows, ProcessingTimeTrigger, Purging, Trigger, TriggerAction};
+pub use session::Session;
+
+/// A window of event time, `[start, end)`.
+///
+/// For a [`Session`], `end` is the last record's time plus the gap, and a
+/// record at exactly `end` still joins the session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Window {
+    /// First millisecond in the window.
+    pub start: Timestamp,
+    /// First millisecond after the window.
+    pub end: Timestamp,
+}
+
+impl Window {
+    /// The window `[start, end)`.
+    pub fn new(start: Timestamp, end: Timestamp) -> Self {
+        Window { start, end }
+    }
+    /// Whether `time` lies in `[start, end)`.
+    pub fn contains(&self, time: Timestamp) -> bool {
+        self.start <= time && time < self.end
+    }
+}
+
+/// One result of a windowed aggregation: the window, the key, the value.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct WindowResult<K, O> {
+    /// The window the value was computed over.
+    pub window: Window,
+    /// The key the value was computed for.
+    pub key: K,
+    /// The aggregate.
+    pub value: O,
+}
+
+/// The outputs of a windowed aggregation.
+#[derive(Debug)]
+pub struct Windowed<'scope, K: 'static, O: 'static, D: 'static> {
+    /// Window results; corrections of late windows as retraction plus insertion.
+    pub results: EventStream<'scope, WindowResult<K, O>>,
+    /// Records that came after their window's allowed lateness.
+    pub late: LateOutput<'scope, D>,
+}
+
+/// Assigns a record to the time windows it belongs to.
+///
+/// Implemented by [`Tumbling`], [`Sliding`] and [`WindowsFn`]; windows are
+/// independent of each other (no merging).
+pub trait AssignWindows<D>: 'static {
+    /// Pushes the windows containing `record`, whose event time is `time`.
+    fn assign(&self, record: &D, time: Timestamp, out: &mut SmallVec<[Window; 4]>);
+}
+
+/// Epoch-aligned tumbling windows of a fixed size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tumbling {
+    size: u64,
+    offset: u64,
+}
+
+impl Tumbling {
+    /// Windows `[k·size, (k+1)·size)`.
+    ///
+    /// # Panics
+    /// If `size` is zero.
+    pub fn of(size: u64) -> Self {
+        assert!(size > 0, "a tumbling window has a positive size");
+        Tumbling { size, offset: 0 }
+    }
+    /// Shifts the windows by `offset` ms: `[k·size + offset, (k+1)·size + offset)`.
+    pub fn offset(mut self, offset: u64) -> Self {
+        self.offset = offset % self.size;
+        self
+    }
+}
+
+impl<D> AssignWindows<D> for Tumbling {
+    #[inline]
+    fn assign(&self, _record: &D, time: Timestamp, out: &mut SmallVec<[Window; 4]>) {
+        // Computed from the end so that a window reaching before the epoch starts at 0.
+        let end = time.saturating_add(self.size - (time + self.size - self.offset) % self.size);
+        out.push(Window::new(end.saturating_sub(self.size), end));
+    }
+}
+
+/// Epoch-aligned sliding (hopping) windows: `size` long, one every `slide`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sliding {
+    size: u64,
+    slide: u64,
+}
+
+impl Sliding {
+    /// Windows `[k·slide, k·slide + size)` for every `k`.
+    ///
+    /// # Panics
+    /// If `slide` is zero or larger than `size`.
+    pub fn of(size: u64, slide: u64) -> Self {
+        assert!(slide > 0 && slide <= size, "a sliding window needs 0 < slide <= size");
+        Sliding { size, slide }
+    }
+}
+
+impl<D> AssignWindows<D> for Sliding {
+    #[inline]
+    fn assign(&self, _record: &D, time: Timestamp, out: &mut SmallVec<[Window; 4]>) {
+        // The last window starting at or before `time`, then earlier ones while they still contain it.
+        let mut start = time - time % self.slide;
+        loop {
+            out.push(Window::new(start, start.saturating_add(self.size)));
+            if start < self.slide || start - self.slide + self.size <= time {
+                break;
+            }
+            start -= self.slide;
+        }
+    }
+}
+
+/// Windows chosen by a function of the record and its time: e.g. an auction
+/// whose bids count from its opening until it expires.
+pub struct WindowsFn<F>(F);
+
+impl<F> std::fmt::Debug for WindowsFn<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WindowsFn")
+    }
+}
+
+/// Windows given by `f(record, time)`; each record belongs to one window,
+/// which must contain `time`.
+///
+/// ```
+/// use highwater_operators::window::{windows_by, Window};
+/// // Each (auction, opens, expires) record opens the window of its auction.
+/// let _w = windows_by(|a: &(u64, u64, u64), _t| Window::new(a.1, a.2 + 1));
+/// ```
+pub fn windows_by<D, F: Fn(&D, Timestamp) -> Window + 'static>(f: F) -> WindowsFn<F> {
+    WindowsFn(f)
+}
+
+impl<D, F: Fn(&D, Timestamp) -> Window + 'static> AssignWindows<D> for WindowsFn<F> {
+    #[inline]
+    fn assign(&self, record: &D, time: Timestamp, out: &mut SmallVec<[Window; 4]>) {
+        out.push((self.0)(record, time));
+    }
+}
+
+/// A kind of window that can aggregate a keyed stream; implemented by every
+/// window type of this module. Use it through [`EventStream::window`].
+pub trait WindowSpec<D>: Sized + 'static {
+    /// Builds the windowed aggregation.
+    fn aggregate_core<'scope, K, KF, A>(
+        self,
+        stream: &EventStream<'scope, D>,
+        name: &str,
+        key: KF,
+        lateness: AllowedLateness,
+        aggregate: A,
+    ) -> Windowed<'scope, K, A::Output, D>
+    where
+        D: Data,
+        K: Key,
+        KF: Fn(&D) -> K + 'static,
+        A: Aggregate<D>;
+}
+
+macro_rules! aligned_spec {
+    ($($ty:ty => [$($gen:tt)*]),*) => {$(
+        impl<D, $($gen)*> WindowSpec<D> for $ty where $ty: AssignWindows<D> {
+            fn aggregate_core<'scope, K, KF, A>(
+                self,
+                stream: &EventStream<'scope, D>,
+                name: &str,
+                key: KF,
+                lateness: AllowedLateness,
+                aggregate: A,
+            ) -> Windowed<'scope, K, A::Output, D>
+            where
+                D: Data,
+                K: Key,
+                KF: Fn(&D) -> K + 'static,
+                A: Aggregate<D>,
+            {
+                aligned::aggregate(stream, name, key, self, lateness, aggregate)
+            }
+        }
+    )*};
+}
+
+aligned_spec!(Tumbling => [], Sliding => [], WindowsFn<F> => [F: 'static]);
+
+/// A windowed stream under construction: pick the key, the lateness, then
+/// the aggregation.
+pub struct WindowedStream<'scope, D: 'static, W, KF> {
+    stream: EventStream<'scope, D>,
+    windows: W,
+    key: KF,
+    lateness: AllowedLateness,
+    name: String,
+}
+
+impl<D: 'static, W: std::fmt::Debug, KF> std::fmt::Debug for WindowedStream<'_, D, W, KF> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WindowedStream")
+            .field("windows", &self.windows)
+            .field("lateness", &self.lateness)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'scope, D: Data> EventStream<'scope, D> {
+    /// Groups the stream into windows (of all records together until
+    /// [`WindowedStream::key_by`] names a key).
+    pub fn window<W: WindowSpec<D>>(&self, windows: W) -> WindowedStream<'scope, D, W, fn(&D)> {
+        fn unit<D>(_: &D) {}
+        WindowedStream {
+            stream: self.clone(),
+            windows,
+            key: unit::<D>,
+            lateness: AllowedLateness::ZERO,
+            name: "Window".to_owned(),
+        }
+    }
+}
+
+impl<'scope, D: Data, W: WindowSpec<D>, KF> WindowedStream<'scope, D, W, KF> {
+    /// Computes one result per window and key.
+    pub fn key_by<K: Key, KF2: Fn(&D) -> K + 'static>(self, key: KF2) -> WindowedStream<'scope, D, W, KF2> {
+        WindowedStream {
+            stream: self.stream,
+            windows: self.windows,
+            key,
+            lateness: self.lateness,
+            name: self.name,
+        }
+    }
+
+    /// Lets records up to `ms` milliseconds after a window's end correct it.
+    pub fn allowed_lateness(mut self, ms: u64) -> Self {
+        self.lateness = AllowedLateness(ms);
+        self
+    }
+
+    /// Names the operator (for logging and diagnostics).
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = name.to_owned();
+        self
+    }
+
+    /// Aggregates every window of every key.
+    pub fn aggregate<K, A>(self, aggregate: A) -> Windowed<'scope, K, A::Output, D>
+    where
+        K: Key,
+        KF: Fn(&D) -> K + 'static,
+        A: Aggregate<D>,
+    {
+        self.windows.aggregate_core(&self.stream, &self.name, self.key, self.lateness, aggregate)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn windows<A: AssignWindows<()>>(a: &A, t: Timestamp) -> Vec<(u64, u64)> {
+        let mut out = SmallVec::new();
+        a.assign(&(), t, &mut out);
+        let mut v: Vec<_> = out.into_iter().map(|w| (w.start, w.end)).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn tumbling_is_epoch_aligned() {
+        assert_eq!(windows(&Tumbling::of(10), 0), vec![(0, 10)]);
+        assert_eq!(windows(&Tumbling::of(10), 19), vec![(10, 20)]);
+        assert_eq!(windows(&Tumbling::of(10), 20), vec![(20, 30)]);
+        assert_eq!(windows(&Tumbling::of(10).offset(3), 12), vec![(3, 13)]);
+        assert_eq!(windows(&Tumbling::of(10).offset(3), 13), vec![(13, 23)]);
+        assert_eq!(windows(&Tumbling::of(10).offset(3), 2), vec![(0, 3)]);
+    }
+
+    #[test]
+    fn sliding_covers_every_window_containing_the_time() {
+        assert_eq!(windows(&Sliding::of(10, 2), 13), vec![(4, 14), (6, 16), (8, 18), (10, 20), (12, 22)]);
+        assert_eq!(windows(&Sliding::of(10, 2), 3), vec![(0, 10), (2, 12)]);
+        assert_eq!(windows(&Sliding::of(10, 10), 3), vec![(0, 10)]);
+        assert_eq!(windows(&Sliding::of(10, 3), 10), vec![(3, 13), (6, 16), (9, 19)]);
+    }
+}

@@ -1,0 +1,268 @@
+//! Session windows: per key, records closer than a gap form one session;
+//! sessions merge as records arrive out of order.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use timely::container::CapacityContainerBuilder;
+use timely::dataflow::channels::pact::Exchange;
+use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
+use timely::dataflow::operators::generic::OutputBuilder;
+
+use super::{Window, WindowResult, WindowSpec, Windowed};
+use crate::aggregate::Aggregate;
+use crate::hold::Hold;
+use crate::key::{route, Data, Key, StateMap};
+use crate::late::{Counter, LateOutput};
+use crate::stream::{EventStream, Update};
+use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
+
+/// Gap-based session windows.
+///
+/// A session of a key is a maximal run of records in which each record is at
+/// most `gap` ms after the previous one. Its window is `[first, last + gap]`:
+/// `start` is the first record's time and `end` is the last record's time plus
+/// the gap. A record at exactly `end` still joins (two records `gap` apart are
+/// one session, `gap + 1` apart are two), so a session is complete, and its
+/// result emitted with event time `end`, when the watermark passes `end`.
+///
+/// ```
+/// use highwater_operators::prelude::*;
+/// use timely::dataflow::operators::ToStream;
+/// use timely::dataflow::operators::capture::{Capture, Extract};
+///
+/// let captured = timely::example(|scope| {
+///     // Arrival order differs from event-time order: 20 s bridges 11 s and 30 s.
+///     let clicks = vec![('u', 1_000u64, 1i64), ('u', 11_000, 1), ('u', 30_000, 1), ('u', 20_000, 1)];
+///     EventStream::new(clicks.to_stream(scope))
+///         .window(Session::with_gap(10.secs()))
+///         .key_by(|user: &char| *user)
+///         .aggregate(Count)
+///         .results.inner.capture()
+/// });
+/// let out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d)
+///     .map(|(r, _, diff)| (r.window.start, r.window.end, r.value, diff)).collect();
+/// assert_eq!(out, vec![(1_000, 40_000, 4, 1)]);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Session {
+    gap: u64,
+}
+
+impl Session {
+    /// Sessions that close after `gap` ms without a record.
+    pub fn with_gap(gap: u64) -> Self {
+        Session { gap }
+    }
+}
+
+/// One session of one key.
+#[derive(Debug)]
+struct Sess<Acc, O> {
+    window: Window,
+    acc: Acc,
+    /// What was emitted for this session (and under which window), if anything.
+    emitted: Option<(Window, O)>,
+    /// The timely time the result goes out at, while not fired.
+    emit_at: Timestamp,
+    fired: bool,
+}
+
+/// The sessions of one key, sorted by start, and the next time a timer is set for.
+#[derive(Debug)]
+struct KeyState<Acc, O> {
+    sessions: Vec<Sess<Acc, O>>,
+    timer: Timestamp,
+}
+
+impl<D> WindowSpec<D> for Session {
+    fn aggregate_core<'scope, K, KF, A>(
+        self,
+        stream: &EventStream<'scope, D>,
+        name: &str,
+        key: KF,
+        lateness: AllowedLateness,
+        agg: A,
+    ) -> Windowed<'scope, K, A::Output, D>
+    where
+        D: Data,
+        K: Key,
+        KF: Fn(&D) -> K + 'static,
+        A: Aggregate<D>,
+    {
+        aggregate(stream, name, key, self.gap, lateness, agg)
+    }
+}
+
+fn aggregate<'scope, D, K, KF, A>(
+    stream: &EventStream<'scope, D>,
+    name: &str,
+    key: KF,
+    gap: u64,
+    lateness: AllowedLateness,
+    agg: A,
+) -> Windowed<'scope, K, A::Output, D>
+where
+    D: Data,
+    K: Key,
+    KF: Fn(&D) -> K + 'static,
+    A: Aggregate<D>,
+{
+    let key = Rc::new(key);
+    let key_route = Rc::clone(&key);
+    let pact = Exchange::new(move |u: &Update<D>| route(&key_route(&u.0)));
+
+    let mut builder = OperatorBuilder::new(name.to_owned(), stream.scope());
+    let mut input = builder.new_input(stream.inner.clone(), pact);
+    let (results_out, results) = builder.new_output();
+    let (late_out, late) = builder.new_output();
+    let mut results_out =
+        OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<WindowResult<K, A::Output>>>>>::from(results_out);
+    let mut late_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<D>>>>::from(late_out);
+    let late_count = Counter::new();
+    let counter = late_count.clone();
+    // A session is complete once the watermark passes its (inclusive) end.
+    let complete_at = |w: &Window| w.end.saturating_add(1);
+
+    builder.build(move |_initial_capabilities| {
+        let mut keys: StateMap<K, KeyState<A::Acc, A::Output>> = StateMap::default();
+        let mut timers: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
+        let mut hold = Hold::default();
+        let mut fired_upto: Timestamp = 0;
+        let mut retired: Vec<Sess<A::Acc, A::Output>> = Vec::new();
+        let mut firing: Vec<(Timestamp, Update<WindowResult<K, A::Output>>)> = Vec::new();
+
+        move |frontiers| {
+            let mut results = results_out.activate();
+            let mut late = late_out.activate();
+
+            input.for_each_stamp(|cap, data| {
+                let arrived = arrival_time(&cap);
+                let mut late_session = late.session(&cap);
+                let mut corrections = results.session(&cap);
+                for batch in data {
+                    for (record, time, diff) in batch.drain(..) {
+                        let k = key(&record);
+                        let state =
+                            keys.entry(k.clone()).or_insert_with(|| KeyState { sessions: Vec::new(), timer: Timestamp::MAX });
+                        // Sessions the record's proto-window [time, time + gap] touches.
+                        let mut merged = Window::new(time, time.saturating_add(gap));
+                        let first = state.sessions.partition_point(|s| s.window.end < merged.start);
+                        let mut last = first;
+                        while last < state.sessions.len() && state.sessions[last].window.start <= merged.end {
+                            merged.start = merged.start.min(state.sessions[last].window.start);
+                            merged.end = merged.end.max(state.sessions[last].window.end);
+                            last += 1;
+                        }
+                        if lateness.release_at(complete_at(&merged)) <= arrived {
+                            if state.sessions.is_empty() {
+                                keys.remove(&k);
+                            }
+                            late_session.give((record, time, diff));
+                            counter.add(1);
+                            continue;
+                        }
+                        let mut acc = agg.init();
+                        agg.update(&mut acc, &record, diff);
+                        retired.extend(state.sessions.drain(first..last));
+                        for old in retired.drain(..) {
+                            agg.merge(&mut acc, old.acc);
+                            if let Some((window, value)) = old.emitted {
+                                corrections.give((WindowResult { window, key: k.clone(), value }, window.end, -1));
+                            }
+                            if !old.fired {
+                                hold.remove(old.emit_at);
+                            }
+                        }
+                        let fired = complete_at(&merged) <= fired_upto;
+                        let mut session =
+                            Sess { window: merged, acc, emitted: None, emit_at: Timestamp::MAX, fired };
+                        if fired {
+                            // Complete already: its (corrected) result goes out now.
+                            if let Some(value) = agg.output(&session.acc) {
+                                session.emitted = Some((merged, value.clone()));
+                                corrections.give((WindowResult { window: merged, key: k.clone(), value }, merged.end, 1));
+                            }
+                        } else {
+                            let needed = merged.end.max(arrived);
+                            session.emit_at = needed;
+                            hold.insert(needed, &cap);
+                        }
+                        let next = if fired {
+                            lateness.release_at(complete_at(&merged))
+                        } else {
+                            complete_at(&merged)
+                        };
+                        state.sessions.insert(first, session);
+                        if next < state.timer {
+                            state.timer = next;
+                            timers.entry(next).or_default().push(k);
+                        }
+                    }
+                }
+            });
+
+            let watermark = watermark_of(&frontiers[0]);
+            if watermark > fired_upto {
+                fired_upto = watermark;
+                while let Some(entry) = timers.first_entry() {
+                    if *entry.key() > watermark {
+                        break;
+                    }
+                    let (time, due) = entry.remove_entry();
+                    for k in due {
+                        let Some(state) = keys.get_mut(&k) else { continue };
+                        if state.timer != time {
+                            continue; // superseded by an earlier timer for the same key
+                        }
+                        let mut next = Timestamp::MAX;
+                        for session in state.sessions.iter_mut() {
+                            if !session.fired && complete_at(&session.window) <= watermark {
+                                session.fired = true;
+                                hold.remove(session.emit_at);
+                                if let Some(value) = agg.output(&session.acc) {
+                                    session.emitted = Some((session.window, value.clone()));
+                                    let result = WindowResult { window: session.window, key: k.clone(), value };
+                                    firing.push((session.emit_at, (result, session.window.end, 1)));
+                                }
+                            }
+                        }
+                        state.sessions.retain(|s| lateness.release_at(complete_at(&s.window)) > watermark);
+                        for session in state.sessions.iter() {
+                            let due = if session.fired {
+                                lateness.release_at(complete_at(&session.window))
+                            } else {
+                                complete_at(&session.window)
+                            };
+                            next = next.min(due);
+                        }
+                        if state.sessions.is_empty() {
+                            keys.remove(&k);
+                        } else {
+                            state.timer = next;
+                            timers.entry(next).or_default().push(k);
+                        }
+                    }
+                }
+                // One output session per emission time, not per result.
+                firing.sort_by_key(|(at, _)| *at);
+                let mut due = firing.drain(..).peekable();
+                while let Some((at, first)) = due.next() {
+                    let cap = hold.at(at);
+                    let mut session = results.session(&cap);
+                    session.give(first);
+                    while let Some((_, update)) = due.next_if(|(t, _)| *t == at) {
+                        session.give(update);
+                    }
+                }
+                drop(due);
+                hold.settle(None);
+            }
+        }
+    });
+
+    Windowed {
+        results: EventStream::new(results),
+        late: LateOutput { stream: EventStream::new(late), count: late_count },
+    }
+}

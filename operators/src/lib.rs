@@ -27,7 +27,9 @@
 #![forbid(missing_docs)]
 
 pub mod aggregate;
+mod group;
 mod hold;
+pub mod join;
 pub mod key;
 pub mod late;
 pub mod stream;
@@ -42,6 +44,7 @@ pub use time::{AllowedLateness, Diff, DurationExt, Timestamp, END_OF_TIME};
 /// The names most programs use.
 pub mod prelude {
     pub use crate::aggregate::{Aggregate, Avg, Collect, Count, DistinctCount, Fold, Max, MaxBy, Min, Sum, TopK};
+    pub use crate::join::{between, by_record, Interval, IntervalJoined};
     pub use crate::late::LateOutput;
     pub use crate::stream::EventStream;
     pub use crate::time::{AllowedLateness, Diff, DurationExt, Timestamp};

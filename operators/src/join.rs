@@ -1,0 +1,330 @@
+//! Joins of two event streams on a key: unwindowed, and by event-time interval.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use timely::container::CapacityContainerBuilder;
+use timely::dataflow::channels::pact::Exchange;
+use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
+use timely::dataflow::operators::generic::OutputBuilder;
+
+use crate::key::{route, Data, Key, StateMap};
+use crate::late::{Counter, LateOutput};
+use crate::stream::{EventStream, Update};
+use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
+
+/// Which right-side event times a left record joins with.
+///
+/// `bounds(left, left_time)` gives the inclusive range `[lo, hi]` of right
+/// event times; `lead` bounds how far `lo` may lie before the left record's own
+/// time (`left_time - lo <= lead`), which is what lets the operator forget a
+/// right record once the left watermark has passed it by `lead`.
+pub struct Interval<F> {
+    bounds: F,
+    lead: u64,
+}
+
+impl<F> std::fmt::Debug for Interval<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Interval").field("lead", &self.lead).finish_non_exhaustive()
+    }
+}
+
+/// `right.time ∈ [left.time + lower, left.time + upper]`, e.g. a click within
+/// ten minutes after its impression is `between(0, 10 min)`.
+///
+/// # Panics
+/// If `lower > upper`.
+pub fn between<L>(lower: i64, upper: i64) -> Interval<impl Fn(&L, Timestamp) -> (Timestamp, Timestamp)> {
+    assert!(lower <= upper, "an interval join needs lower <= upper");
+    let shift = move |t: Timestamp, by: i64| {
+        if by >= 0 {
+            t.saturating_add(by as u64)
+        } else {
+            t.saturating_sub(by.unsigned_abs())
+        }
+    };
+    Interval { bounds: move |_: &L, t| (shift(t, lower), shift(t, upper)), lead: lower.min(0).unsigned_abs() }
+}
+
+/// Right times in a range computed from the left record, starting no earlier
+/// than `lead` ms before the left record's time: e.g. the bids of an auction,
+/// from its opening to its expiry, are `by_record(0, |a, t| (t, a.expires))`.
+pub fn by_record<L, F: Fn(&L, Timestamp) -> (Timestamp, Timestamp)>(lead: u64, bounds: F) -> Interval<F> {
+    Interval { bounds, lead }
+}
+
+/// The outputs of an interval join.
+#[derive(Debug)]
+pub struct IntervalJoined<'scope, O: 'static, L: 'static, R: 'static> {
+    /// Matching pairs, at the later of the two event times.
+    pub results: EventStream<'scope, O>,
+    /// Left records that came later than the allowed lateness.
+    pub late_left: LateOutput<'scope, L>,
+    /// Right records that came later than the allowed lateness.
+    pub late_right: LateOutput<'scope, R>,
+}
+
+/// A left record held by the join.
+#[derive(Debug)]
+struct Left<L> {
+    record: L,
+    time: Timestamp,
+    lo: Timestamp,
+    hi: Timestamp,
+    diff: Diff,
+}
+
+/// Adds a record with its diff to a key's list, cancelling an equal one.
+fn add_to<T>(list: &mut Vec<T>, item: T, same: impl Fn(&T, &T) -> bool, diff_of: impl Fn(&mut T) -> &mut Diff) {
+    let mut item = item;
+    if let Some(existing) = list.iter_mut().find(|e| same(e, &item)) {
+        let d = *diff_of(&mut item);
+        *diff_of(existing) += d;
+        if *diff_of(existing) == 0 {
+            let pos = list.iter().position(|e| same(e, &item)).expect("found above");
+            list.swap_remove(pos);
+        }
+    } else {
+        list.push(item);
+    }
+}
+
+impl<L: PartialEq> PartialEq for Left<L> {
+    fn eq(&self, other: &Self) -> bool {
+        self.record == other.record && self.time == other.time
+    }
+}
+
+/// Forgets records of `key` whose release time `released(item)` the watermark has passed.
+fn release<K: Key, T>(
+    state: &mut StateMap<K, Vec<T>>,
+    due: &mut BTreeMap<Timestamp, Vec<K>>,
+    watermark: Timestamp,
+    released: impl Fn(&T) -> Timestamp,
+) {
+    while let Some(entry) = due.first_entry() {
+        if *entry.key() > watermark {
+            break;
+        }
+        for k in entry.remove() {
+            if let Some(list) = state.get_mut(&k) {
+                list.retain(|item| released(item) > watermark);
+                if list.is_empty() {
+                    state.remove(&k);
+                }
+            }
+        }
+    }
+}
+
+impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
+    /// Inner equi-join of two changelogs, unwindowed: every pair of records
+    /// with equal keys, whichever arrives first, at the later of their event
+    /// times, with the product of their diffs. Both sides are kept for ever
+    /// (use [`interval_join`](Self::interval_join) to bound the state).
+    ///
+    /// # Examples
+    /// ```
+    /// use highwater_operators::prelude::*;
+    /// use timely::dataflow::operators::ToStream;
+    /// use timely::dataflow::operators::capture::{Capture, Extract};
+    ///
+    /// let captured = timely::example(|scope| {
+    ///     let people = EventStream::new(vec![((1u64, "ann".to_string()), 5u64, 1i64)].to_stream(scope));
+    ///     // The auction arrives before its seller.
+    ///     let auctions = EventStream::new(vec![((70u64, 1u64), 3u64, 1i64)].to_stream(scope));
+    ///     people.join(&auctions, |p| p.0, |a| a.1, |p, a| (p.1.clone(), a.0)).inner.capture()
+    /// });
+    /// let out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).collect();
+    /// assert_eq!(out, vec![(("ann".to_string(), 70), 5, 1)]);
+    /// ```
+    pub fn join<K, R, KL, KR, O, F>(&self, other: &EventStream<'scope, R>, key_left: KL, key_right: KR, output: F) -> EventStream<'scope, O>
+    where
+        K: Key,
+        R: Data + PartialEq,
+        O: Data,
+        KL: Fn(&L) -> K + 'static,
+        KR: Fn(&R) -> K + 'static,
+        F: Fn(&L, &R) -> O + 'static,
+    {
+        let unbounded = Interval { bounds: |_: &L, _| (0, END_OF_TIME), lead: END_OF_TIME };
+        self.interval_join_core("Join", other, key_left, key_right, unbounded, AllowedLateness(END_OF_TIME), output)
+            .results
+    }
+
+    /// Joins each left record with the right records of the same key whose
+    /// event time lies in the left record's [`Interval`].
+    ///
+    /// A left record is kept until the right watermark passes its interval's
+    /// end plus the allowed lateness; a right record until the left watermark
+    /// passes its time plus the interval's lead and the lateness. Records that
+    /// arrive after their own time plus the allowed lateness go to the late
+    /// outputs. Pairs go out when the second of the two arrives.
+    ///
+    /// # Examples
+    /// ```
+    /// use highwater_operators::prelude::*;
+    /// use highwater_operators::join::between;
+    /// use timely::dataflow::operators::ToStream;
+    /// use timely::dataflow::operators::capture::{Capture, Extract};
+    ///
+    /// let captured = timely::example(|scope| {
+    ///     let impressions = EventStream::new(vec![(7u64, 1_000u64, 1i64)].to_stream(scope));
+    ///     let clicks = EventStream::new(vec![(7u64, 2_000u64, 1i64), (7, 700_000, 1)].to_stream(scope));
+    ///     impressions
+    ///         .interval_join(&clicks, |i| *i, |c| *c, between(0, 10.minutes() as i64), 0, |i, c| (*i, *c))
+    ///         .results.inner.capture()
+    /// });
+    /// let out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).collect();
+    /// assert_eq!(out, vec![((7, 7), 2_000, 1)]);
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn interval_join<K, R, KL, KR, B, O, F>(
+        &self,
+        other: &EventStream<'scope, R>,
+        key_left: KL,
+        key_right: KR,
+        interval: Interval<B>,
+        allowed_lateness: u64,
+        output: F,
+    ) -> IntervalJoined<'scope, O, L, R>
+    where
+        K: Key,
+        R: Data + PartialEq,
+        O: Data,
+        KL: Fn(&L) -> K + 'static,
+        KR: Fn(&R) -> K + 'static,
+        B: Fn(&L, Timestamp) -> (Timestamp, Timestamp) + 'static,
+        F: Fn(&L, &R) -> O + 'static,
+    {
+        self.interval_join_core("IntervalJoin", other, key_left, key_right, interval, AllowedLateness(allowed_lateness), output)
+    }
+
+    /// [`interval_join`](Self::interval_join) with an operator name.
+    #[allow(clippy::too_many_arguments)]
+    pub fn interval_join_core<K, R, KL, KR, B, O, F>(
+        &self,
+        name: &str,
+        other: &EventStream<'scope, R>,
+        key_left: KL,
+        key_right: KR,
+        interval: Interval<B>,
+        lateness: AllowedLateness,
+        output: F,
+    ) -> IntervalJoined<'scope, O, L, R>
+    where
+        K: Key,
+        R: Data + PartialEq,
+        O: Data,
+        KL: Fn(&L) -> K + 'static,
+        KR: Fn(&R) -> K + 'static,
+        B: Fn(&L, Timestamp) -> (Timestamp, Timestamp) + 'static,
+        F: Fn(&L, &R) -> O + 'static,
+    {
+        let key_left = Rc::new(key_left);
+        let key_right = Rc::new(key_right);
+        let (kl, kr) = (Rc::clone(&key_left), Rc::clone(&key_right));
+        let pact_left = Exchange::new(move |u: &Update<L>| route(&kl(&u.0)));
+        let pact_right = Exchange::new(move |u: &Update<R>| route(&kr(&u.0)));
+
+        let mut builder = OperatorBuilder::new(name.to_owned(), self.scope());
+        let mut input_left = builder.new_input(self.inner.clone(), pact_left);
+        let mut input_right = builder.new_input(other.inner.clone(), pact_right);
+        let (results_out, results) = builder.new_output();
+        let (late_left_out, late_left) = builder.new_output();
+        let (late_right_out, late_right) = builder.new_output();
+        let mut results_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<O>>>>::from(results_out);
+        let mut late_left_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<L>>>>::from(late_left_out);
+        let mut late_right_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<R>>>>::from(late_right_out);
+        let (count_left, count_right) = (Counter::new(), Counter::new());
+        let (counter_left, counter_right) = (count_left.clone(), count_right.clone());
+        let Interval { bounds, lead } = interval;
+        let right_release = move |t: Timestamp| lateness.release_at(t.saturating_add(lead).saturating_add(1));
+
+        builder.build(move |_initial_capabilities| {
+            let mut lefts: StateMap<K, Vec<Left<L>>> = StateMap::default();
+            let mut rights: StateMap<K, Vec<(R, Timestamp, Diff)>> = StateMap::default();
+            let mut left_due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
+            let mut right_due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
+
+            move |frontiers| {
+                let mut results = results_out.activate();
+                let mut late_l = late_left_out.activate();
+                let mut late_r = late_right_out.activate();
+
+                input_left.for_each_stamp(|cap, data| {
+                    let arrived = arrival_time(&cap);
+                    let mut session = results.session(&cap);
+                    for batch in data {
+                        for (record, time, diff) in batch.drain(..) {
+                            if lateness.release_at(time.saturating_add(1)) <= arrived {
+                                late_l.session(&cap).give((record, time, diff));
+                                counter_left.add(1);
+                                continue;
+                            }
+                            let (lo, hi) = bounds(&record, time);
+                            let k = key_left(&record);
+                            if let Some(list) = rights.get(&k) {
+                                for (r, rt, rd) in list.iter() {
+                                    if lo <= *rt && *rt <= hi {
+                                        session.give((output(&record, r), time.max(*rt), diff * rd));
+                                    }
+                                }
+                            }
+                            let release_at = lateness.release_at(hi.saturating_add(1));
+                            if release_at < END_OF_TIME {
+                                left_due.entry(release_at).or_default().push(k.clone());
+                            }
+                            let list = lefts.entry(k).or_default();
+                            add_to(list, Left { record, time, lo, hi, diff }, |a, b| a == b, |e| &mut e.diff);
+                        }
+                    }
+                });
+
+                input_right.for_each_stamp(|cap, data| {
+                    let arrived = arrival_time(&cap);
+                    let mut session = results.session(&cap);
+                    for batch in data {
+                        for (record, time, diff) in batch.drain(..) {
+                            if lateness.release_at(time.saturating_add(1)) <= arrived {
+                                late_r.session(&cap).give((record, time, diff));
+                                counter_right.add(1);
+                                continue;
+                            }
+                            let k = key_right(&record);
+                            if let Some(list) = lefts.get(&k) {
+                                for l in list.iter() {
+                                    if l.lo <= time && time <= l.hi {
+                                        session.give((output(&l.record, &record), time.max(l.time), l.diff * diff));
+                                    }
+                                }
+                            }
+                            let release_at = right_release(time);
+                            if release_at < END_OF_TIME {
+                                right_due.entry(release_at).or_default().push(k.clone());
+                            }
+                            let list = rights.entry(k).or_default();
+                            add_to(list, (record, time, diff), |a, b| a.0 == b.0 && a.1 == b.1, |e| &mut e.2);
+                        }
+                    }
+                });
+
+                let left_watermark = watermark_of(&frontiers[0]);
+                let right_watermark = watermark_of(&frontiers[1]);
+                release(&mut lefts, &mut left_due, right_watermark, |l| lateness.release_at(l.hi.saturating_add(1)));
+                release(&mut rights, &mut right_due, left_watermark, |r| right_release(r.1));
+                if left_watermark == END_OF_TIME && right_watermark == END_OF_TIME {
+                    lefts.clear();
+                    rights.clear();
+                }
+            }
+        });
+
+        IntervalJoined {
+            results: EventStream::new(results),
+            late_left: LateOutput { stream: EventStream::new(late_left), count: count_left },
+            late_right: LateOutput { stream: EventStream::new(late_right), count: count_right },
+        }
+    }
+}

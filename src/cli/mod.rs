@@ -1,0 +1,71 @@
+//! The `highwater` command line.
+//!
+//! ```text
+//! highwater nexmark --query q5 --events 10000000 -- -w 2
+//! highwater nexmark --query q7 --input events.jsonl --output q7.csv
+//! highwater demo --events 20000000
+//! highwater generate --events 5000000 --output events.jsonl
+//! ```
+//!
+//! Timely's own arguments (`-w` threads, `-n` processes, `-p` process index,
+//! `-h` host file) follow `--`.
+
+mod demo;
+mod generate;
+mod nexmark;
+mod progress;
+
+use clap::{Parser, Subcommand};
+
+/// Event-stream processing on timely dataflow: Nexmark, the demo, tools.
+#[derive(Debug, Parser)]
+#[command(name = "highwater", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Log filter (tracing's env-filter syntax), e.g. `info` or `highwater=debug`.
+    #[arg(long, global = true, default_value = "warn")]
+    log: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Runs a Nexmark query on a file or the built-in generator; CSV out.
+    Nexmark(nexmark::NexmarkArgs),
+    /// Runs the demo job (generator → windows → join) with live output.
+    Demo(demo::DemoArgs),
+    /// Writes Nexmark events as JSON Lines.
+    Generate(generate::GenerateArgs),
+}
+
+/// Runs the command line; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let result = match cli.command {
+        Command::Nexmark(args) => nexmark::run(args),
+        Command::Demo(args) => demo::run(args),
+        Command::Generate(args) => generate::run(args),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            1
+        }
+    }
+}
+
+/// Joins the workers, turning their errors and panics into one error.
+fn join_workers<T: Send + 'static>(guards: timely::communication::WorkerGuards<anyhow::Result<T>>) -> anyhow::Result<Vec<T>> {
+    let mut out = Vec::new();
+    for result in guards.join() {
+        match result {
+            Ok(Ok(value)) => out.push(value),
+            Ok(Err(e)) => return Err(e),
+            Err(panic) => anyhow::bail!("a worker failed: {panic}"),
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,314 @@
+//! `highwater nexmark`: one Nexmark query over a file or the generator.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use timely::dataflow::channels::pact::Pipeline;
+use timely::dataflow::operators::generic::Operator;
+use timely::dataflow::ProbeHandle;
+
+use super::progress::{summary, Gauges, Progress};
+use crate::dead_letter::DeadLetter;
+use crate::nexmark::queries::{q10_partition, QueryKind};
+use crate::nexmark::{build, Event, Generator, GeneratorConfig, GeneratorSource, NexmarkDecoder, Query, QueryOptions};
+use crate::operators::{EventStream, Timestamp};
+use crate::sink::{write_lines, LineTarget, SinkHandle, SinkMode};
+use crate::source::{read, JsonLines, SourceOptions, SourceStreams};
+use crate::time::{Millis, WatermarkStrategy};
+
+/// Arguments of `highwater nexmark`.
+#[derive(Debug, Args)]
+pub(super) struct NexmarkArgs {
+    /// The query, q0 to q22.
+    #[arg(long, short)]
+    query: Query,
+    /// Nexmark JSON Lines input files (`-` for stdin).
+    #[arg(long, short, num_args = 1.., conflicts_with = "events")]
+    input: Vec<PathBuf>,
+    /// Generate this many events instead of reading a file.
+    #[arg(long, short)]
+    events: Option<u64>,
+    /// Generator: events per second of event time.
+    #[arg(long, default_value_t = 10_000.0)]
+    rate: f64,
+    /// Generator: random seed.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Generator: out-of-orderness bound (e.g. 2s).
+    #[arg(long, default_value = "0ms")]
+    max_out_of_order: Millis,
+    /// Generator: pace events by the wall clock (event time = now).
+    #[arg(long)]
+    real_time: bool,
+    /// The CSV output file (default stdout). For q10, a directory of
+    /// `dt=yyyy-MM-dd/hm=HH/part-0.csv` files.
+    #[arg(long, short)]
+    output: Option<PathBuf>,
+    /// Count the rows but write nothing (benchmarks).
+    #[arg(long, conflicts_with = "output")]
+    discard: bool,
+    /// Watermark delay behind the greatest event time seen, per partition.
+    #[arg(long, default_value = "4s")]
+    watermark_delay: Millis,
+    /// How long late records may still correct window results.
+    #[arg(long, default_value = "0ms")]
+    allowed_lateness: Millis,
+    /// A partition without records for this long stops holding the watermark.
+    #[arg(long, default_value = "5s")]
+    idle_timeout: Millis,
+    /// q13's side input: a file of `key,value` lines.
+    #[arg(long)]
+    side_input: Option<PathBuf>,
+    /// Write records that fail to parse here, as JSON Lines.
+    #[arg(long)]
+    dead_letters: Option<PathBuf>,
+    /// Records per source read (the watermark advances between reads).
+    #[arg(long, default_value_t = 4096)]
+    batch_size: usize,
+    /// Records in flight (read, not yet past the outputs) before sources pause.
+    #[arg(long, default_value_t = 4_000_000)]
+    max_in_flight: usize,
+    /// Print a progress line every second.
+    #[arg(long)]
+    progress: bool,
+    /// Timely arguments: -w THREADS, -n PROCESSES, -p INDEX, -h HOSTFILE.
+    #[arg(last = true)]
+    timely: Vec<String>,
+}
+
+/// Reads q13's side input.
+fn read_side_input(path: &PathBuf) -> anyhow::Result<HashMap<i64, String>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading side input {}", path.display()))?;
+    let mut map = HashMap::new();
+    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let (key, value) = line
+            .split_once(',')
+            .with_context(|| format!("{}:{}: expected `key,value`, got {line:?}", path.display(), n + 1))?;
+        let key = key.trim().parse().with_context(|| format!("{}:{}: key {key:?} is not an integer", path.display(), n + 1))?;
+        map.insert(key, value.to_owned());
+    }
+    Ok(map)
+}
+
+/// Where the events come from.
+pub(super) enum Input {
+    Files(Arc<JsonLines<NexmarkDecoder>>),
+    Generator(Arc<Generator>),
+}
+
+/// Reads the events of `input` into the dataflow.
+pub(super) fn events<'scope>(
+    scope: timely::dataflow::Scope<'scope, Timestamp>,
+    input: &Input,
+    options: SourceOptions,
+    gauges: &Gauges,
+    probe: &ProbeHandle<Timestamp>,
+) -> anyhow::Result<SourceStreams<'scope, Event>> {
+    let time = |e: &Event| e.time();
+    Ok(match input {
+        Input::Files(source) => read(scope, Arc::clone(source), time, options, &gauges.source, Some(probe.clone()))?,
+        Input::Generator(g) => {
+            let source = Arc::new(GeneratorSource::new(Arc::clone(g), scope.peers()));
+            read(scope, source, time, options, &gauges.source, Some(probe.clone()))?
+        }
+    })
+}
+
+/// Writes dead letters to a file, or reports the first few on stderr.
+pub(super) fn dead_letter_sink(dead: &EventStream<'_, DeadLetter>, path: Option<&PathBuf>) -> Option<SinkHandle> {
+    match path {
+        Some(path) => {
+            let lines = dead.map(|d| serde_json::to_string(&d).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")));
+            Some(write_lines(&lines, None, LineTarget::File(path.clone()), SinkMode::Append))
+        }
+        None => {
+            let mut shown = 0;
+            dead.inner.clone().sink(Pipeline, "ReportDeadLetters", move |(input, _)| {
+                input.for_each_stamp(|_, data| {
+                    for batch in data {
+                        for (d, _, _) in batch.drain(..) {
+                            shown += 1;
+                            if shown <= 5 {
+                                tracing::warn!("dead letter: {d}");
+                            }
+                        }
+                    }
+                });
+            });
+            None
+        }
+    }
+}
+
+/// Records the frontier of `stream` (the output watermark) from worker 0.
+pub(super) fn watch_watermark(stream: &EventStream<'_, String>, gauges: &Gauges) {
+    if stream.scope().index() != 0 {
+        return;
+    }
+    let gauge = Arc::clone(&gauges.watermark);
+    stream.inner.clone().sink(Pipeline, "WatchWatermark", move |(input, frontier)| {
+        input.for_each_stamp(|_, _| {});
+        gauge.store(crate::operators::time::watermark_of(frontier), Ordering::Relaxed);
+    });
+}
+
+/// Writes q10's rows into `dt=…/hm=…` directories under `dir`.
+fn write_partitioned(rows: &EventStream<'_, String>, dir: PathBuf, header: String) -> SinkHandle {
+    let handle = SinkHandle::default();
+    let h = handle.clone();
+    let pact = timely::dataflow::channels::pact::Exchange::new(|_: &(String, Timestamp, i64)| 0u64);
+    let mut files: HashMap<String, std::io::BufWriter<std::fs::File>> = HashMap::new();
+    rows.inner.clone().sink(pact, "WritePartitioned", move |(input, frontier)| {
+        use std::io::Write;
+        let mut written = 0;
+        input.for_each_stamp(|_, data| {
+            for batch in data {
+                for (line, _, diff) in batch.drain(..) {
+                    let date_time: u64 = line.split(',').nth(3).and_then(|t| t.parse().ok()).unwrap_or(0);
+                    let part = q10_partition(date_time);
+                    let file = match files.get_mut(&part) {
+                        Some(f) => f,
+                        None => {
+                            let path = dir.join(&part);
+                            let opened = std::fs::create_dir_all(&path)
+                                .and_then(|_| std::fs::File::create(path.join("part-0.csv")))
+                                .map(|f| std::io::BufWriter::new(f))
+                                .and_then(|mut w| w.write_all(header.as_bytes()).and(w.write_all(b"\n")).map(|_| w));
+                            match opened {
+                                Ok(w) => files.entry(part).or_insert(w),
+                                Err(e) => {
+                                    if let Ok(mut errors) = h.errors.lock() {
+                                        errors.push(format!("writing {}: {e}", path.display()));
+                                    }
+                                    continue;
+                                }
+                            }
+                        }
+                    };
+                    for _ in 0..diff.max(0) {
+                        if let Err(e) = file.write_all(line.as_bytes()).and(file.write_all(b"\n")) {
+                            if let Ok(mut errors) = h.errors.lock() {
+                                errors.push(format!("writing {}: {e}", dir.display()));
+                            }
+                        }
+                        written += 1;
+                    }
+                }
+            }
+        });
+        h.lines.add(written);
+        if frontier.is_empty() {
+            for f in files.values_mut() {
+                let _ = f.flush();
+            }
+        }
+    });
+    handle
+}
+
+pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
+    let config = crate::cluster::config_from_args(&args.timely)?;
+    let input = if !args.input.is_empty() {
+        let source = if args.input.len() == 1 && args.input[0].as_os_str() == "-" {
+            JsonLines::stdin(NexmarkDecoder)
+        } else {
+            JsonLines::files(&args.input, NexmarkDecoder).context("opening the input")?
+        };
+        Input::Files(Arc::new(source))
+    } else if let Some(events) = args.events {
+        let generator = Generator::new(GeneratorConfig {
+            events: Some(events),
+            seed: args.seed,
+            rate: args.rate,
+            max_out_of_order_ms: args.max_out_of_order.0,
+            real_time: args.real_time,
+            ..Default::default()
+        })?;
+        Input::Generator(Arc::new(generator))
+    } else {
+        bail!("give the events with --input FILE... or --events N");
+    };
+    let input = Arc::new(input);
+    let side_input = args.side_input.as_ref().map(read_side_input).transpose()?.map(Arc::new);
+    let query_options = QueryOptions { allowed_lateness: args.allowed_lateness.0, side_input };
+    let source_options = SourceOptions {
+        name: "Nexmark".into(),
+        watermark: WatermarkStrategy::bounded(args.watermark_delay.0),
+        idle_timeout: Some(Duration::from_millis(args.idle_timeout.0)),
+        batch_size: args.batch_size.max(1),
+        max_in_flight: args.max_in_flight,
+        start_offsets: Vec::new(),
+    };
+    if args.query.0 == 10 && args.output.is_some() {
+        if let Some(dir) = &args.output {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating the q10 output directory {}", dir.display()))?;
+        }
+    }
+
+    let gauges = Gauges::default();
+    // (row sinks, dead-letter sinks) of every worker.
+    let sinks: Arc<std::sync::Mutex<(Vec<SinkHandle>, Vec<SinkHandle>)>> = Default::default();
+    let started = Instant::now();
+    let progress = args.progress.then(|| Progress::start(gauges.clone(), started));
+    let (query, output, discard, dead_path) = (args.query, args.output.clone(), args.discard, args.dead_letters.clone());
+    let (g, s) = (gauges.clone(), Arc::clone(&sinks));
+    let guards = timely::execute(config, move |worker| -> anyhow::Result<()> {
+        let probe = ProbeHandle::new();
+        worker.dataflow::<Timestamp, _, _>(|scope| -> anyhow::Result<()> {
+            let streams = events(scope, &input, source_options.clone(), &g, &probe)?;
+            let out = build(query, &streams.events, &query_options);
+            if let Ok(mut late) = g.late.lock() {
+                late.extend(out.late.iter().cloned());
+            }
+            let rows = out.rows.probe_with(&probe);
+            watch_watermark(&rows, &g);
+            let header = out.header.join(",");
+            let handle = match (&output, query.0) {
+                (Some(dir), 10) => write_partitioned(&rows, dir.clone(), header),
+                _ => {
+                    let target = match (&output, discard) {
+                        (_, true) => LineTarget::Discard,
+                        (Some(path), _) if path.as_os_str() != "-" => LineTarget::File(path.clone()),
+                        _ => LineTarget::Stdout,
+                    };
+                    let mode = if out.kind == QueryKind::Updating || query_options.allowed_lateness > 0 {
+                        SinkMode::Table
+                    } else {
+                        SinkMode::Append
+                    };
+                    write_lines(&rows, Some(header), target, mode)
+                }
+            };
+            let dead = dead_letter_sink(&streams.dead_letters, dead_path.as_ref());
+            if let Ok(mut sinks) = s.lock() {
+                sinks.0.push(handle);
+                sinks.1.extend(dead);
+            }
+            Ok(())
+        })
+    })
+    .map_err(|e| anyhow::anyhow!("starting the workers: {e}"))?;
+    super::join_workers(guards)?;
+    drop(progress);
+
+    let (row_sinks, dead_sinks) = sinks.lock().map(|s| s.clone()).unwrap_or_default();
+    let rows: u64 = row_sinks.iter().map(|s| s.lines.get()).sum();
+    let mut problems: Vec<String> = gauges.source.errors();
+    for sink in row_sinks.iter().chain(&dead_sinks) {
+        problems.extend(sink.errors());
+        let unapplied = sink.unapplied_retractions.get();
+        if unapplied > 0 {
+            problems.push(format!("{unapplied} retractions could not be applied to append-only output"));
+        }
+    }
+    eprintln!("{}", summary(&gauges, started, rows));
+    if !problems.is_empty() {
+        bail!("{}", problems.join("; "));
+    }
+    Ok(())
+}

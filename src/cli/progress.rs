@@ -1,0 +1,97 @@
+//! The progress line and the end-of-run summary on stderr.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::nexmark::queries::{utc_day, utc_hour_minute};
+use crate::operators::{Counter, Timestamp, END_OF_TIME};
+use crate::source::SourceMetrics;
+
+/// Formats an epoch-ms time as `yyyy-MM-ddTHH:mm:ss.SSSZ`.
+pub(super) fn iso(ms: Timestamp) -> String {
+    if ms == END_OF_TIME {
+        return "end".to_owned();
+    }
+    let (h, m) = utc_hour_minute(ms);
+    format!("{}T{h:02}:{m:02}:{:02}.{:03}Z", utc_day(ms), ms / 1000 % 60, ms % 1000)
+}
+
+/// What the progress line reads.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Gauges {
+    pub(super) source: SourceMetrics,
+    /// The watermark at the outputs (worker 0's probe).
+    pub(super) watermark: Arc<AtomicU64>,
+    /// Records dropped to late outputs, per operator and worker.
+    pub(super) late: Arc<std::sync::Mutex<Vec<Counter>>>,
+}
+
+impl Gauges {
+    pub(super) fn late(&self) -> u64 {
+        self.late.lock().map(|l| l.iter().map(Counter::get).sum()).unwrap_or(0)
+    }
+}
+
+/// Prints a progress line every second until dropped.
+pub(super) struct Progress {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Progress {
+    pub(super) fn start(gauges: Gauges, started: Instant) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut last = (Instant::now(), 0u64);
+            while !flag.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(100));
+                if last.0.elapsed() < Duration::from_secs(1) {
+                    continue;
+                }
+                let now = Instant::now();
+                let records = gauges.source.records.get();
+                let rate = (records - last.1) as f64 / now.duration_since(last.0).as_secs_f64();
+                last = (now, records);
+                let watermark = gauges.watermark.load(Ordering::Relaxed);
+                let max_seen = gauges.source.max_event_time.load(Ordering::Relaxed);
+                let lag = if watermark == 0 || watermark == END_OF_TIME { 0 } else { max_seen.saturating_sub(watermark) };
+                eprintln!(
+                    "[{:>6.1}s] events {} ({:.2} M ev/s) | watermark {} | lag {:.1} s | late {} | dead letters {}",
+                    started.elapsed().as_secs_f64(),
+                    records,
+                    rate / 1e6,
+                    iso(watermark),
+                    lag as f64 / 1000.0,
+                    gauges.late(),
+                    gauges.source.dead_letters.get(),
+                );
+            }
+        });
+        Progress { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The one-line summary of a run.
+pub(super) fn summary(gauges: &Gauges, started: Instant, rows: u64) -> String {
+    let seconds = started.elapsed().as_secs_f64();
+    let events = gauges.source.records.get();
+    format!(
+        "events={events} seconds={seconds:.3} events/s={:.0} late={} late_read={} dead_letters={} rows={rows}",
+        events as f64 / seconds.max(1e-9),
+        gauges.late(),
+        gauges.source.late.get(),
+        gauges.source.dead_letters.get(),
+    )
+}

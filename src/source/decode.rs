@@ -1,0 +1,56 @@
+//! Decoding raw records (lines, messages) into typed ones.
+
+use std::marker::PhantomData;
+
+use serde::de::DeserializeOwned;
+
+/// Why a raw record could not be decoded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct DecodeError(pub String);
+
+/// Turns the bytes of one raw record into a typed record.
+pub trait Decode: Send + Sync + 'static {
+    /// The decoded record.
+    type Record;
+    /// Decodes one record.
+    fn decode(&self, bytes: &[u8]) -> Result<Self::Record, DecodeError>;
+}
+
+/// Decodes one JSON value per record with serde.
+///
+/// ```
+/// use highwater::source::{Decode, JsonDecoder};
+/// #[derive(serde::Deserialize, Debug, PartialEq)]
+/// struct Click { user: u64, time: u64 }
+/// let d = JsonDecoder::<Click>::new();
+/// assert_eq!(d.decode(br#"{"user":7,"time":12}"#), Ok(Click { user: 7, time: 12 }));
+/// assert!(d.decode(br#"{"user":"seven","time":12}"#).unwrap_err().0.contains("invalid type"));
+/// ```
+pub struct JsonDecoder<T>(PhantomData<fn() -> T>);
+
+impl<T> JsonDecoder<T> {
+    /// A decoder for `T`.
+    pub fn new() -> Self {
+        JsonDecoder(PhantomData)
+    }
+}
+
+impl<T> Default for JsonDecoder<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> std::fmt::Debug for JsonDecoder<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "JsonDecoder<{}>", std::any::type_name::<T>())
+    }
+}
+
+impl<T: DeserializeOwned + 'static> Decode for JsonDecoder<T> {
+    type Record = T;
+    fn decode(&self, bytes: &[u8]) -> Result<T, DecodeError> {
+        serde_json::from_slice(bytes).map_err(|e| DecodeError(e.to_string()))
+    }
+}

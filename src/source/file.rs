@@ -1,0 +1,315 @@
+//! JSON Lines from files (split into blocks read in parallel) or stdin.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, TryRecvError};
+use std::sync::{Arc, Mutex};
+
+use super::{Decode, Offset, PartitionReader, ReadStatus, Source, SourceError};
+use crate::dead_letter::DeadLetter;
+
+/// The default size of the blocks a file is split into.
+pub const DEFAULT_BLOCK_SIZE: u64 = 8 << 20;
+
+/// How much a reader reads from a file at once.
+const CHUNK: usize = 1 << 20;
+
+#[derive(Clone, Debug)]
+enum Input {
+    Files(Vec<PathBuf>),
+    Stdin,
+}
+
+/// One block of one file: the lines that start in `[start, end)`.
+#[derive(Clone, Debug)]
+struct Block {
+    file: usize,
+    start: u64,
+    end: u64,
+}
+
+/// A source of JSON Lines: one record per line, decoded by `Dec`.
+///
+/// Files are split into blocks (8 MiB by default), each a partition, so that
+/// several workers parse one file; a worker reads its blocks one after
+/// another. The offset of a partition is the byte offset in its file. Stdin is
+/// a single partition, read by a background thread so that waiting for input
+/// never blocks the worker. Empty lines are skipped; any other line that does
+/// not decode becomes a dead letter.
+pub struct JsonLines<Dec> {
+    input: Input,
+    blocks: Vec<Block>,
+    decoder: Arc<Dec>,
+    stdin: Mutex<Option<Receiver<Vec<u8>>>>,
+}
+
+impl<Dec> std::fmt::Debug for JsonLines<Dec> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JsonLines").field("input", &self.input).field("blocks", &self.blocks.len()).finish()
+    }
+}
+
+impl<Dec: Decode> JsonLines<Dec> {
+    /// Reads the given files, in blocks of [`DEFAULT_BLOCK_SIZE`].
+    pub fn files<P: AsRef<Path>>(paths: &[P], decoder: Dec) -> Result<Self, SourceError> {
+        Self::files_with_block_size(paths, decoder, DEFAULT_BLOCK_SIZE)
+    }
+
+    /// Reads the given files, in blocks of `block_size` bytes.
+    pub fn files_with_block_size<P: AsRef<Path>>(paths: &[P], decoder: Dec, block_size: u64) -> Result<Self, SourceError> {
+        if block_size == 0 {
+            return Err(SourceError::Config("block_size must be positive".into()));
+        }
+        let paths: Vec<PathBuf> = paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
+        let mut blocks = Vec::new();
+        for (file, path) in paths.iter().enumerate() {
+            let len = std::fs::metadata(path)
+                .map_err(|source| SourceError::Io { what: path.display().to_string(), source })?
+                .len();
+            let mut start = 0;
+            while start < len {
+                blocks.push(Block { file, start, end: (start + block_size).min(len) });
+                start += block_size;
+            }
+        }
+        Ok(JsonLines { input: Input::Files(paths), blocks, decoder: Arc::new(decoder), stdin: Mutex::new(None) })
+    }
+
+    /// Reads standard input (one partition, on worker 0).
+    pub fn stdin(decoder: Dec) -> Self {
+        JsonLines { input: Input::Stdin, blocks: Vec::new(), decoder: Arc::new(decoder), stdin: Mutex::new(None) }
+    }
+}
+
+impl<Dec: Decode> Source for JsonLines<Dec>
+where
+    Dec::Record: highwater_operators::key::Data,
+{
+    type Record = Dec::Record;
+    type Reader = JsonLinesReader<Dec>;
+
+    fn partitions(&self) -> Result<Vec<String>, SourceError> {
+        Ok(match &self.input {
+            Input::Stdin => vec!["stdin".to_owned()],
+            Input::Files(paths) => self
+                .blocks
+                .iter()
+                .map(|b| format!("{}[{}..{})", paths[b.file].display(), b.start, b.end))
+                .collect(),
+        })
+    }
+
+    fn open(&self, index: usize, from: Option<Offset>) -> Result<JsonLinesReader<Dec>, SourceError> {
+        match &self.input {
+            Input::Stdin => {
+                let mut slot = self.stdin.lock().map_err(|_| SourceError::Config("stdin reader poisoned".into()))?;
+                let rx = slot.take().unwrap_or_else(spawn_stdin);
+                Ok(JsonLinesReader {
+                    origin: "stdin".to_owned(),
+                    decoder: Arc::clone(&self.decoder),
+                    input: ReaderInput::Stdin(rx),
+                    buf: Vec::new(),
+                    pos: 0,
+                    buf_offset: from.unwrap_or(0),
+                    end: u64::MAX,
+                    eof: false,
+                })
+            }
+            Input::Files(paths) => {
+                let block = self
+                    .blocks
+                    .get(index)
+                    .ok_or_else(|| SourceError::Config(format!("no partition {index}")))?;
+                let path = &paths[block.file];
+                let io = |source| SourceError::Io { what: path.display().to_string(), source };
+                let mut file = File::open(path).map_err(io)?;
+                let mut reader = JsonLinesReader {
+                    origin: path.display().to_string(),
+                    decoder: Arc::clone(&self.decoder),
+                    input: ReaderInput::File(file.try_clone().map_err(io)?),
+                    buf: Vec::new(),
+                    pos: 0,
+                    buf_offset: 0,
+                    end: block.end,
+                    eof: false,
+                };
+                match from {
+                    Some(offset) => {
+                        file.seek(SeekFrom::Start(offset)).map_err(io)?;
+                        reader.buf_offset = offset;
+                    }
+                    None if block.start == 0 => {}
+                    None => {
+                        // The block's first line is the first that starts at or after `start`.
+                        file.seek(SeekFrom::Start(block.start - 1)).map_err(io)?;
+                        reader.buf_offset = block.start - 1;
+                        reader.skip_partial_line()?;
+                    }
+                }
+                Ok(reader)
+            }
+        }
+    }
+
+    fn concurrent_partitions(&self) -> usize {
+        1
+    }
+}
+
+fn spawn_stdin() -> Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(64);
+    std::thread::Builder::new()
+        .name("highwater-stdin".into())
+        .spawn(move || {
+            let mut stdin = std::io::stdin().lock();
+            loop {
+                let mut chunk = vec![0u8; 64 << 10];
+                match stdin.read(&mut chunk) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        chunk.truncate(n);
+                        if tx.send(chunk).is_err() {
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        tracing::error!("reading stdin: {e}");
+                        break;
+                    }
+                }
+            }
+        })
+        .expect("spawning the stdin reader thread");
+    rx
+}
+
+enum ReaderInput {
+    File(File),
+    Stdin(Receiver<Vec<u8>>),
+}
+
+/// Reads the lines of one block (or of stdin).
+pub struct JsonLinesReader<Dec> {
+    origin: String,
+    decoder: Arc<Dec>,
+    input: ReaderInput,
+    /// Bytes read but not yet consumed from `pos` on.
+    buf: Vec<u8>,
+    pos: usize,
+    /// File offset of `buf[0]`.
+    buf_offset: u64,
+    /// Lines starting at or after this offset belong to the next block.
+    end: u64,
+    eof: bool,
+}
+
+impl<Dec> std::fmt::Debug for JsonLinesReader<Dec> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JsonLinesReader").field("origin", &self.origin).field("offset", &(self.buf_offset + self.pos as u64)).finish()
+    }
+}
+
+impl<Dec: Decode> JsonLinesReader<Dec> {
+    /// Reads more input into the buffer; returns false if none is available now.
+    fn fill(&mut self) -> Result<bool, SourceError> {
+        if self.pos > 0 {
+            self.buf.drain(..self.pos);
+            self.buf_offset += self.pos as u64;
+            self.pos = 0;
+        }
+        match &mut self.input {
+            ReaderInput::File(file) => {
+                let old = self.buf.len();
+                self.buf.resize(old + CHUNK, 0);
+                let n = loop {
+                    match file.read(&mut self.buf[old..]) {
+                        Ok(n) => break n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(source) => {
+                            self.buf.truncate(old);
+                            return Err(SourceError::Io { what: self.origin.clone(), source });
+                        }
+                    }
+                };
+                self.buf.truncate(old + n);
+                if n == 0 {
+                    self.eof = true;
+                }
+                Ok(n > 0)
+            }
+            ReaderInput::Stdin(rx) => match rx.try_recv() {
+                Ok(chunk) => {
+                    self.buf.extend_from_slice(&chunk);
+                    Ok(true)
+                }
+                Err(TryRecvError::Empty) => Ok(false),
+                Err(TryRecvError::Disconnected) => {
+                    self.eof = true;
+                    Ok(false)
+                }
+            },
+        }
+    }
+
+    fn skip_partial_line(&mut self) -> Result<(), SourceError> {
+        loop {
+            if let Some(nl) = memchr::memchr(b'\n', &self.buf[self.pos..]) {
+                self.pos += nl + 1;
+                return Ok(());
+            }
+            self.pos = self.buf.len();
+            if !self.fill()? && self.eof {
+                return Ok(());
+            }
+        }
+    }
+}
+
+impl<Dec: Decode> PartitionReader for JsonLinesReader<Dec> {
+    type Record = Dec::Record;
+
+    fn read(&mut self, max: usize, out: &mut Vec<Dec::Record>, dead: &mut Vec<DeadLetter>) -> Result<ReadStatus, SourceError> {
+        let mut taken = 0;
+        while taken < max {
+            let line_start = self.buf_offset + self.pos as u64;
+            if line_start >= self.end {
+                return Ok(ReadStatus::End);
+            }
+            let (line, next) = match memchr::memchr(b'\n', &self.buf[self.pos..]) {
+                Some(nl) => (self.pos..self.pos + nl, self.pos + nl + 1),
+                None if self.eof => {
+                    if self.pos == self.buf.len() {
+                        return Ok(ReadStatus::End);
+                    }
+                    // A last line without its newline.
+                    (self.pos..self.buf.len(), self.buf.len())
+                }
+                None => {
+                    if self.fill()? || self.eof {
+                        continue;
+                    }
+                    return Ok(if taken > 0 { ReadStatus::Data } else { ReadStatus::Idle });
+                }
+            };
+            let mut bytes = &self.buf[line];
+            if let [head @ .., b'\r'] = bytes {
+                bytes = head;
+            }
+            if !bytes.is_empty() {
+                match self.decoder.decode(bytes) {
+                    Ok(record) => out.push(record),
+                    Err(e) => dead.push(DeadLetter::new(self.origin.clone(), line_start, e.0, bytes)),
+                }
+                taken += 1;
+            }
+            self.pos = next;
+        }
+        Ok(ReadStatus::Data)
+    }
+
+    fn offset(&self) -> Offset {
+        self.buf_offset + self.pos as u64
+    }
+}

@@ -1,0 +1,106 @@
+//! Sources: where events come from, split into partitions, each with its own
+//! offsets and watermark.
+//!
+//! A [`Source`] lists its partitions and opens a [`PartitionReader`] on each,
+//! optionally from an offset. The source operator ([`read`]) spreads the
+//! partitions over the workers (partition `i` goes to worker `i % peers`),
+//! decodes records, stamps them with event time, tracks a watermark per
+//! partition (combined by minimum, idle partitions left out) and holds its
+//! capability at that watermark. Records that fail to decode go to the
+//! dead-letter stream.
+//!
+//! Connectors implement [`Source`]; the embedded ones are JSON-Lines files and
+//! stdin ([`JsonLines`]), in-memory partitions ([`MemorySource`]) and the
+//! Nexmark generator ([`crate::nexmark::Generator`]).
+
+mod decode;
+mod file;
+mod memory;
+mod operator;
+
+pub use decode::{Decode, DecodeError, JsonDecoder};
+pub use file::{JsonLines, JsonLinesReader, DEFAULT_BLOCK_SIZE};
+pub use memory::MemorySource;
+pub use operator::{read, SourceMetrics, SourceOptions, SourceStreams};
+
+use crate::dead_letter::DeadLetter;
+
+/// A position in a partition (a byte offset, an event index, a broker offset):
+/// reading again from it yields the records after it.
+pub type Offset = u64;
+
+/// What a read call found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadStatus {
+    /// Records (or dead letters) were read; more may follow at once.
+    Data,
+    /// Nothing right now; more may come later (live sources).
+    Idle,
+    /// The partition is exhausted (bounded sources).
+    End,
+}
+
+/// An error reading a source: what failed, on which input, and whether
+/// retrying can help.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// An I/O error on a named input.
+    #[error("reading {what}: {source}")]
+    Io {
+        /// The input, e.g. a file path.
+        what: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The source is configured wrongly; retrying will not help.
+    #[error("invalid source configuration: {0}")]
+    Config(String),
+}
+
+impl SourceError {
+    /// Whether retrying the same call may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            SourceError::Io { source, .. } => matches!(
+                source.kind(),
+                std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            SourceError::Config(_) => false,
+        }
+    }
+}
+
+/// A partitioned source of records.
+///
+/// Shared by all workers of a process (`Sync`); each worker opens the
+/// partitions assigned to it.
+pub trait Source: Send + Sync + 'static {
+    /// The decoded record.
+    type Record: highwater_operators::key::Data;
+    /// The reader of one partition.
+    type Reader: PartitionReader<Record = Self::Record>;
+
+    /// The partitions, by name; their order is stable across runs.
+    fn partitions(&self) -> Result<Vec<String>, SourceError>;
+
+    /// Opens partition `index`, after `from` if given.
+    fn open(&self, index: usize, from: Option<Offset>) -> Result<Self::Reader, SourceError>;
+
+    /// How many partitions one worker reads at the same time. File blocks are
+    /// read one after another (1), so that a block not yet started does not
+    /// hold the watermark back; live partitions are read together.
+    fn concurrent_partitions(&self) -> usize {
+        usize::MAX
+    }
+}
+
+/// Reads one partition.
+pub trait PartitionReader: 'static {
+    /// The decoded record.
+    type Record;
+    /// Reads up to `max` records into `out` and undecodable ones into `dead`.
+    fn read(&mut self, max: usize, out: &mut Vec<Self::Record>, dead: &mut Vec<DeadLetter>) -> Result<ReadStatus, SourceError>;
+    /// The offset after the last record returned.
+    fn offset(&self) -> Offset;
+}

@@ -1,0 +1,94 @@
+//! Durations written as `4s`, `250ms`, `2m`, `1h` in configuration and on the
+//! command line.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A parse error naming the text and what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid duration {text:?}: expected a whole number followed by ms, s, m or h (e.g. 4s, 250ms)")]
+pub struct DurationError {
+    /// The text that did not parse.
+    pub text: String,
+}
+
+/// Parses `250ms`, `4s`, `2m`, `1h` (or a bare number of milliseconds) into milliseconds.
+///
+/// # Examples
+/// ```
+/// use highwater::time::parse_duration;
+/// assert_eq!(parse_duration("4s"), Ok(4_000));
+/// assert_eq!(parse_duration("250ms"), Ok(250));
+/// assert!(parse_duration("four seconds").is_err());
+/// ```
+pub fn parse_duration(text: &str) -> Result<u64, DurationError> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let err = || DurationError { text: text.to_owned() };
+    let n: u64 = number.parse().map_err(|_| err())?;
+    let scale = match unit.trim() {
+        "" | "ms" => 1,
+        "s" => 1_000,
+        "m" | "min" => 60_000,
+        "h" => 3_600_000,
+        _ => return Err(err()),
+    };
+    n.checked_mul(scale).ok_or_else(err)
+}
+
+/// A duration in milliseconds that reads and writes as text (`"4s"`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Millis(pub u64);
+
+impl FromStr for Millis {
+    type Err = DurationError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_duration(s).map(Millis)
+    }
+}
+
+impl fmt::Display for Millis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.0;
+        if ms != 0 && ms % 3_600_000 == 0 {
+            write!(f, "{}h", ms / 3_600_000)
+        } else if ms != 0 && ms % 60_000 == 0 {
+            write!(f, "{}m", ms / 60_000)
+        } else if ms != 0 && ms % 1_000 == 0 {
+            write!(f, "{}s", ms / 1_000)
+        } else {
+            write!(f, "{ms}ms")
+        }
+    }
+}
+
+impl Serialize for Millis {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Millis {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips() {
+        for text in ["4s", "250ms", "2m", "1h", "0ms"] {
+            assert_eq!(text.parse::<Millis>().unwrap().to_string(), text);
+        }
+        assert_eq!("1500".parse::<Millis>(), Ok(Millis(1500)));
+        assert!("s".parse::<Millis>().is_err());
+        assert!("5 parsecs".parse::<Millis>().is_err());
+    }
+}

@@ -1,0 +1,119 @@
+//! Watermark strategies: how a source partition turns the event times it has
+//! seen into a watermark.
+
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::Timestamp;
+
+/// How a partition's watermark follows the event times it reads.
+///
+/// The watermark of a source is the minimum over its partitions' watermarks,
+/// leaving out partitions that have been idle (no record) for longer than the
+/// idle timeout. A record whose event time is below its partition's watermark
+/// is *late*.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum WatermarkStrategy {
+    /// `max event time seen − bound` (the default, with a 4 s bound as in the
+    /// Nexmark suite).
+    BoundedOutOfOrderness {
+        /// The delay in ms.
+        bound: u64,
+    },
+    /// `max event time seen`: the input is in event-time order.
+    Monotonous,
+    /// No watermark until the partition ends: everything waits for the end of
+    /// input (useful for bounded inputs in arbitrary order).
+    AtEnd,
+}
+
+impl Default for WatermarkStrategy {
+    fn default() -> Self {
+        WatermarkStrategy::BoundedOutOfOrderness { bound: 4_000 }
+    }
+}
+
+impl WatermarkStrategy {
+    /// Bounded out-of-orderness with a delay of `bound` ms.
+    pub fn bounded(bound: u64) -> Self {
+        WatermarkStrategy::BoundedOutOfOrderness { bound }
+    }
+
+    /// The watermark after seeing `max_seen` as the greatest event time.
+    pub fn watermark(&self, max_seen: Option<Timestamp>) -> Timestamp {
+        match (self, max_seen) {
+            (_, None) | (WatermarkStrategy::AtEnd, _) => 0,
+            (WatermarkStrategy::BoundedOutOfOrderness { bound }, Some(max)) => max.saturating_sub(*bound),
+            (WatermarkStrategy::Monotonous, Some(max)) => max,
+        }
+    }
+}
+
+/// The watermark of one source partition, with idleness.
+#[derive(Clone, Debug)]
+pub struct PartitionWatermark {
+    strategy: WatermarkStrategy,
+    max_seen: Option<Timestamp>,
+    last_record: Instant,
+    idle_timeout: Option<Duration>,
+}
+
+impl PartitionWatermark {
+    /// A partition that has seen nothing yet.
+    pub fn new(strategy: WatermarkStrategy, idle_timeout: Option<Duration>) -> Self {
+        PartitionWatermark { strategy, max_seen: None, last_record: Instant::now(), idle_timeout }
+    }
+
+    /// Takes a record's event time into account.
+    #[inline]
+    pub fn observe(&mut self, time: Timestamp) {
+        if self.max_seen.is_none_or(|m| time > m) {
+            self.max_seen = Some(time);
+        }
+    }
+
+    /// Notes that records arrived now (the partition is active).
+    pub fn touch(&mut self, now: Instant) {
+        self.last_record = now;
+    }
+
+    /// The current watermark.
+    pub fn current(&self) -> Timestamp {
+        self.strategy.watermark(self.max_seen)
+    }
+
+    /// Whether the partition has had no record for longer than the idle timeout.
+    pub fn is_idle(&self, now: Instant) -> bool {
+        self.idle_timeout.is_some_and(|t| now.duration_since(self.last_record) > t)
+    }
+
+    /// The greatest event time seen, if any.
+    pub fn max_seen(&self) -> Option<Timestamp> {
+        self.max_seen
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounded_lags_the_maximum() {
+        let mut w = PartitionWatermark::new(WatermarkStrategy::bounded(4_000), None);
+        assert_eq!(w.current(), 0);
+        w.observe(10_000);
+        w.observe(7_000);
+        assert_eq!(w.current(), 6_000);
+    }
+
+    #[test]
+    fn idleness_needs_a_timeout() {
+        let w = PartitionWatermark::new(WatermarkStrategy::Monotonous, Some(Duration::from_millis(0)));
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(w.is_idle(Instant::now()));
+        let w = PartitionWatermark::new(WatermarkStrategy::Monotonous, None);
+        assert!(!w.is_idle(Instant::now()));
+    }
+}

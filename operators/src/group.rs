@@ -12,6 +12,9 @@ use crate::key::{route, Data, Key, StateMap};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, Timestamp};
 
+/// Per key: accumulator, result last emitted, and whether it changed at the current time.
+type Entry<Acc, O> = (Acc, Option<O>, bool);
+
 impl<'scope, D: Data> EventStream<'scope, D> {
     /// Maintains `aggregate` per key over the whole changelog, as a table.
     ///
@@ -62,8 +65,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         let key_route = Rc::clone(&key);
         let pact = Exchange::new(move |u: &Update<D>| route(&key_route(&u.0)));
         let inner = self.inner.clone().unary_frontier(pact, name, move |_cap, _info| {
-            // Per key: accumulator, result last emitted, and whether it changed at the current time.
-            let mut table: StateMap<K, (A::Acc, Option<A::Output>, bool)> = StateMap::default();
+            let mut table: StateMap<K, Entry<A::Acc, A::Output>> = StateMap::default();
             // Input waiting for the watermark, by timely time.
             let mut pending: BTreeMap<Timestamp, Vec<(K, D, i64)>> = BTreeMap::new();
             let mut hold = Hold::default();

@@ -50,6 +50,11 @@ impl Hold {
         cap.delayed(&time.max(*cap.time()))
     }
 
+    /// The time of the held capability, if one is held.
+    pub(crate) fn time(&self) -> Option<Timestamp> {
+        self.cap.as_ref().map(|c| *c.time())
+    }
+
     /// The least time still promised, if any.
     pub(crate) fn least(&self) -> Option<Timestamp> {
         self.times.first_key_value().map(|(t, _)| *t)

@@ -177,7 +177,7 @@ fn write_partitioned(rows: &EventStream<'_, String>, dir: PathBuf, header: Strin
                             let path = dir.join(&part);
                             let opened = std::fs::create_dir_all(&path)
                                 .and_then(|_| std::fs::File::create(path.join("part-0.csv")))
-                                .map(|f| std::io::BufWriter::new(f))
+                                .map(std::io::BufWriter::new)
                                 .and_then(|mut w| w.write_all(header.as_bytes()).and(w.write_all(b"\n")).map(|_| w));
                             match opened {
                                 Ok(w) => files.entry(part).or_insert(w),

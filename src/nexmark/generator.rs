@@ -391,7 +391,7 @@ impl Generator {
         if self.config.max_out_of_order_ms == 0 {
             0
         } else {
-            Rng::new(self.config.seed ^ 0x5eed_0f_0de1a7, n).below(self.config.max_out_of_order_ms + 1)
+            Rng::new(self.config.seed ^ 0x5eed_0f0d_e1a7, n).below(self.config.max_out_of_order_ms + 1)
         }
     }
 
@@ -603,7 +603,7 @@ mod tests {
     fn out_of_order_is_bounded_and_holds_the_same_events() {
         let config = GeneratorConfig { events: Some(20_000), max_out_of_order_ms: 300, ..Default::default() };
         let shuffled = all(config.clone(), 1);
-        let mut max_seen = 0;
+        let mut max_seen: u64 = 0;
         let mut worst = 0;
         for e in &shuffled {
             worst = worst.max(max_seen.saturating_sub(e.time()));

@@ -218,6 +218,8 @@ struct KeyWindow<Acc, S, O> {
     timer: Option<Timestamp>,
 }
 
+type KeyWindowOf<D, T, A> = KeyWindow<<A as Aggregate<D>>::Acc, <T as Trigger<D>>::State, <A as Aggregate<D>>::Output>;
+
 impl<D: Data, T: Trigger<D>> WindowSpec<D> for GlobalWindows<T> {
     fn aggregate_core<'scope, K, KF, A>(
         self,
@@ -307,7 +309,7 @@ where
     let period = trigger.processing_period();
 
     builder.build(move |_initial_capabilities| {
-        let mut windows: StateMap<K, KeyWindow<A::Acc, T::State, A::Output>> = StateMap::default();
+        let mut windows: StateMap<K, KeyWindowOf<D, T, A>> = StateMap::default();
         let mut waiting: Waiting<D> = Waiting::default();
         let mut timers: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
         let mut hold = Hold::default();
@@ -414,7 +416,8 @@ where
                 let this_period = now / period * period;
                 let ended = watermark == END_OF_TIME;
                 if this_period > last_period || ended {
-                    let emit = processed_upto.min(hold.least().unwrap_or(processed_upto));
+                    // At the end of input the watermark is the end of time: emit at the held time.
+                    let emit = processed_upto.min(hold.least().unwrap_or(processed_upto)).min(hold.time().unwrap_or(END_OF_TIME));
                     let window = Window::new(last_period, this_period.max(last_period + 1));
                     for (k, w) in windows.iter_mut() {
                         let mut action = trigger.on_processing_time(&mut w.trigger, this_period);
@@ -423,7 +426,7 @@ where
                         }
                         act::<K, D, T, A>(action, k, w, window, emit, &agg, &mut out);
                     }
-                    if !out.is_empty() && emit < END_OF_TIME {
+                    if !out.is_empty() {
                         results.session(&hold.at_or_after(emit)).give_iterator(out.drain(..));
                     }
                     out.clear();

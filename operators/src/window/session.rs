@@ -56,6 +56,9 @@ impl Session {
     }
 }
 
+/// A window result with its time and diff.
+type ResultUpdate<K, O> = Update<WindowResult<K, O>>;
+
 /// One session of one key.
 #[derive(Debug)]
 struct Sess<Acc, O> {
@@ -130,7 +133,7 @@ where
         let mut hold = Hold::default();
         let mut fired_upto: Timestamp = 0;
         let mut retired: Vec<Sess<A::Acc, A::Output>> = Vec::new();
-        let mut firing: Vec<(Timestamp, Update<WindowResult<K, A::Output>>)> = Vec::new();
+        let mut firing: Vec<(Timestamp, ResultUpdate<K, A::Output>)> = Vec::new();
 
         move |frontiers| {
             let mut results = results_out.activate();

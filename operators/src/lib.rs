@@ -50,6 +50,6 @@ pub mod prelude {
     pub use crate::time::{AllowedLateness, Diff, DurationExt, Timestamp};
     pub use crate::window::{
         windows_by, CountTrigger, CountWindows, EventTimeTrigger, GlobalWindows, ProcessingTimeTrigger, Session,
-        Sliding, Trigger, TriggerAction, Tumbling, Window, WindowResult,
+        Sliding, Trigger, TriggerAction, Tumbling, Window, WindowResult, WindowSpec, Windowed,
     };
 }

@@ -178,15 +178,17 @@ where
                 for batch in data {
                     for (record, time, diff) in batch.drain(..) {
                         assert!(diff > 0, "count windows take insertions only (got diff {diff})");
+                        // Too late by its own time: judged first, so that the outcome
+                        // does not depend on how far this operator has got.
+                        if lateness.release_at(time.saturating_add(1)) <= arrived {
+                            late.session(&cap).give((record, time, diff));
+                            counter.add(1);
+                            continue;
+                        }
                         if time >= processed_upto {
                             for _ in 0..diff {
                                 waiting.insert(record.clone(), time, arrived, &mut hold, &cap);
                             }
-                            continue;
-                        }
-                        if lateness.release_at(time.saturating_add(1)) <= arrived {
-                            late.session(&cap).give((record, time, diff));
-                            counter.add(1);
                             continue;
                         }
                         // Late but allowed: insert in place, re-emit every shifted window.
@@ -251,7 +253,8 @@ where
                     while state.emitted.front().is_some_and(|(last, _, _)| *last < recent) {
                         state.emitted.pop_front();
                     }
-                    !state.history.is_empty()
+                    // An empty key is forgotten only where the count restarts at 0.
+                    !state.history.is_empty() || state.base % spec.slide != 0
                 });
                 hold.settle(None);
             }

@@ -36,8 +36,8 @@ pub enum TriggerAction {
 /// processing time, like Flink's `Trigger`.
 ///
 /// Records reach the trigger in event-time order (the operator waits for the
-/// watermark to pass them), so count- and event-time-based firings do not
-/// depend on arrival order; records with equal times come in arrival order.
+/// watermark to pass them; records with equal times in their own order), so
+/// count- and event-time-based firings do not depend on arrival order.
 pub trait Trigger<D>: 'static {
     /// Per-key trigger state, snapshotted with the window.
     type State: Clone + Default + std::fmt::Debug + Serialize + DeserializeOwned + Send + 'static;
@@ -220,7 +220,7 @@ struct KeyWindow<Acc, S, O> {
 
 type KeyWindowOf<D, T, A> = KeyWindow<<A as Aggregate<D>>::Acc, <T as Trigger<D>>::State, <A as Aggregate<D>>::Output>;
 
-impl<D: Data, T: Trigger<D>> WindowSpec<D> for GlobalWindows<T> {
+impl<D: Data + Ord, T: Trigger<D>> WindowSpec<D> for GlobalWindows<T> {
     fn aggregate_core<'scope, K, KF, A>(
         self,
         stream: &EventStream<'scope, D>,
@@ -285,7 +285,7 @@ fn aggregate<'scope, D, K, KF, T, A>(
     agg: A,
 ) -> Windowed<'scope, K, A::Output, D>
 where
-    D: Data,
+    D: Data + Ord,
     K: Key,
     KF: Fn(&D) -> K + 'static,
     T: Trigger<D>,
@@ -355,11 +355,11 @@ where
                     for (record, time, diff) in batch.drain(..) {
                         assert!(diff > 0, "global windows take insertions only (got diff {diff})");
                         for _ in 0..diff {
-                            if time >= processed_upto {
-                                waiting.insert(record.clone(), time, arrived, &mut hold, &cap);
-                            } else if lateness.release_at(time.saturating_add(1)) <= arrived {
+                            if lateness.release_at(time.saturating_add(1)) <= arrived {
                                 late.session(&cap).give((record.clone(), time, 1));
                                 counter.add(1);
+                            } else if time >= processed_upto {
+                                waiting.insert(record.clone(), time, arrived, &mut hold, &cap);
                             } else {
                                 add(record.clone(), time, &mut windows, &mut timers, &mut out, arrived);
                             }
@@ -396,8 +396,10 @@ where
                             }
                         }
                         (Some(_), _) => {
-                            let (time, records, emit_at) =
+                            let (time, mut records, emit_at) =
                                 waiting.pop_before(watermark, &mut hold).expect("checked above");
+                            // Ties in one millisecond in the records' own order, not arrival order.
+                            records.sort();
                             for record in records {
                                 add(record, time, &mut windows, &mut timers, &mut out, emit_at);
                             }

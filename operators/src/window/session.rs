@@ -26,6 +26,11 @@ use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
 /// one session, `gap + 1` apart are two), so a session is complete, and its
 /// result emitted with event time `end`, when the watermark passes `end`.
 ///
+/// A record whose own time the watermark had passed by more than the allowed
+/// lateness goes to the late output; a later one merges into its sessions
+/// (retracting their results) as if it had come on time. A session's state is
+/// kept until the watermark passes its end plus the allowed lateness.
+///
 /// ```
 /// use highwater_operators::prelude::*;
 /// use timely::dataflow::operators::ToStream;
@@ -157,7 +162,8 @@ where
                             merged.end = merged.end.max(state.sessions[last].window.end);
                             last += 1;
                         }
-                        if lateness.release_at(complete_at(&merged)) <= arrived {
+                        // Too late by its own time: then every session it could touch may be gone.
+                        if lateness.release_at(time.saturating_add(1)) <= arrived {
                             if state.sessions.is_empty() {
                                 keys.remove(&k);
                             }

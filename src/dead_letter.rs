@@ -23,14 +23,28 @@ pub struct DeadLetter {
 
 impl DeadLetter {
     /// A dead letter for `raw` bytes.
-    pub fn new(origin: impl Into<String>, offset: u64, reason: impl Into<String>, raw: &[u8]) -> Self {
+    pub fn new(
+        origin: impl Into<String>,
+        offset: u64,
+        reason: impl Into<String>,
+        raw: &[u8],
+    ) -> Self {
         let cut = &raw[..raw.len().min(MAX_RAW_BYTES)];
-        DeadLetter { origin: origin.into(), offset, reason: reason.into(), raw: String::from_utf8_lossy(cut).into_owned() }
+        DeadLetter {
+            origin: origin.into(),
+            offset,
+            reason: reason.into(),
+            raw: String::from_utf8_lossy(cut).into_owned(),
+        }
     }
 }
 
 impl std::fmt::Display for DeadLetter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}@{}: {}: {}", self.origin, self.offset, self.reason, self.raw)
+        write!(
+            f,
+            "{}@{}: {}: {}",
+            self.origin, self.offset, self.reason, self.raw
+        )
     }
 }

@@ -187,14 +187,22 @@ macro_rules! extremum {
             where
                 F: Fn(&D) -> V,
             {
-                $name { field, append_only: false, _value: PhantomData }
+                $name {
+                    field,
+                    append_only: false,
+                    _value: PhantomData,
+                }
             }
             /// Over `field(record)`, for insert-only inputs: constant state.
             pub fn append_only<D>(field: F) -> Self
             where
                 F: Fn(&D) -> V,
             {
-                $name { field, append_only: true, _value: PhantomData }
+                $name {
+                    field,
+                    append_only: true,
+                    _value: PhantomData,
+                }
             }
         }
 
@@ -243,7 +251,10 @@ macro_rules! extremum {
             }
             fn output(&self, acc: &Self::Acc) -> Option<V> {
                 if $is_max {
-                    acc.iter().rev().find(|(_, d)| **d > 0).map(|(v, _)| v.clone())
+                    acc.iter()
+                        .rev()
+                        .find(|(_, d)| **d > 0)
+                        .map(|(v, _)| v.clone())
                 } else {
                     acc.iter().find(|(_, d)| **d > 0).map(|(v, _)| v.clone())
                 }
@@ -252,8 +263,20 @@ macro_rules! extremum {
     };
 }
 
-extremum!(Max, "The maximum of a field.", last_key_value, true, |a, b| a > b);
-extremum!(Min, "The minimum of a field.", first_key_value, false, |a, b| a < b);
+extremum!(
+    Max,
+    "The maximum of a field.",
+    last_key_value,
+    true,
+    |a, b| a > b
+);
+extremum!(
+    Min,
+    "The minimum of a field.",
+    first_key_value,
+    false,
+    |a, b| a < b
+);
 
 /// All records whose `field` is the maximum (every tie), in arrival order.
 ///
@@ -273,14 +296,22 @@ impl<F, V> MaxBy<F, V> {
     where
         F: Fn(&D) -> V,
     {
-        MaxBy { field, append_only: false, _value: PhantomData }
+        MaxBy {
+            field,
+            append_only: false,
+            _value: PhantomData,
+        }
     }
     /// Records with the greatest `field(record)`, for insert-only inputs.
     pub fn append_only<D>(field: F) -> Self
     where
         F: Fn(&D) -> V,
     {
-        MaxBy { field, append_only: true, _value: PhantomData }
+        MaxBy {
+            field,
+            append_only: true,
+            _value: PhantomData,
+        }
     }
 }
 
@@ -363,7 +394,10 @@ impl<F, V> DistinctCount<F, V> {
     where
         F: Fn(&D) -> Option<V>,
     {
-        DistinctCount { field, _value: PhantomData }
+        DistinctCount {
+            field,
+            _value: PhantomData,
+        }
     }
 }
 
@@ -425,14 +459,24 @@ impl<F, V> TopK<F, V> {
     where
         F: Fn(&D) -> V,
     {
-        TopK { k, field, append_only: false, _value: PhantomData }
+        TopK {
+            k,
+            field,
+            append_only: false,
+            _value: PhantomData,
+        }
     }
     /// The `k` greatest `field(record)` of an insert-only input: keeps `k` values.
     pub fn append_only<D>(k: usize, field: F) -> Self
     where
         F: Fn(&D) -> V,
     {
-        TopK { k, field, append_only: true, _value: PhantomData }
+        TopK {
+            k,
+            field,
+            append_only: true,
+            _value: PhantomData,
+        }
     }
 
     fn trim(&self, acc: &mut BTreeMap<V, Diff>)
@@ -444,7 +488,9 @@ impl<F, V> TopK<F, V> {
         }
         let mut total: i64 = acc.values().sum();
         while total > self.k as i64 {
-            let mut first = acc.first_entry().expect("a non-empty multiset has a first entry");
+            let mut first = acc
+                .first_entry()
+                .expect("a non-empty multiset has a first entry");
             let excess = (total - self.k as i64).min(*first.get());
             *first.get_mut() -= excess;
             total -= excess;
@@ -663,26 +709,42 @@ mod tests {
     #[test]
     fn max_by_reports_all_ties() {
         let agg = MaxBy::of(|x: &u64| *x / 10);
-        assert_eq!(run(&agg, &[(11, 1), (25, 1), (21, 1), (3, 1)]), Some(vec![25, 21]));
+        assert_eq!(
+            run(&agg, &[(11, 1), (25, 1), (21, 1), (3, 1)]),
+            Some(vec![25, 21])
+        );
         let agg = MaxBy::append_only(|x: &u64| *x / 10);
-        assert_eq!(run(&agg, &[(11, 1), (25, 1), (21, 1), (3, 1)]), Some(vec![25, 21]));
+        assert_eq!(
+            run(&agg, &[(11, 1), (25, 1), (21, 1), (3, 1)]),
+            Some(vec![25, 21])
+        );
     }
 
     #[test]
     fn top_k_keeps_repetitions() {
         let ups = [(1, 1), (5, 2), (3, 1), (4, 1)];
         assert_eq!(run(&TopK::of(3, |x: &u64| *x), &ups), Some(vec![5, 5, 4]));
-        assert_eq!(run(&TopK::append_only(3, |x: &u64| *x), &ups), Some(vec![5, 5, 4]));
+        assert_eq!(
+            run(&TopK::append_only(3, |x: &u64| *x), &ups),
+            Some(vec![5, 5, 4])
+        );
     }
 
     #[test]
     fn avg_is_sum_over_count() {
-        assert_eq!(run(&Avg::of(|x: &u64| *x as i64), &[(1, 1), (2, 1), (4, 1)]), Some(7.0 / 3.0));
+        assert_eq!(
+            run(&Avg::of(|x: &u64| *x as i64), &[(1, 1), (2, 1), (4, 1)]),
+            Some(7.0 / 3.0)
+        );
     }
 
     #[test]
     fn merge_equals_union() {
-        let agg = (Count, Sum::of(|x: &u64| *x as i64), DistinctCount::of(|x: &u64| Some(*x)));
+        let agg = (
+            Count,
+            Sum::of(|x: &u64| *x as i64),
+            DistinctCount::of(|x: &u64| Some(*x)),
+        );
         let mut a = agg.init();
         let mut b = agg.init();
         agg.update(&mut a, &1, 1);

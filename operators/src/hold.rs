@@ -41,12 +41,18 @@ impl Hold {
 
     /// A capability to emit at `time`, which must not precede a promise still held.
     pub(crate) fn at(&self, time: Timestamp) -> Capability<Timestamp> {
-        self.cap.as_ref().expect("output is only owed under a held capability").delayed(&time)
+        self.cap
+            .as_ref()
+            .expect("output is only owed under a held capability")
+            .delayed(&time)
     }
 
     /// A capability to emit at `time`, or at the held time if that is later.
     pub(crate) fn at_or_after(&self, time: Timestamp) -> Capability<Timestamp> {
-        let cap = self.cap.as_ref().expect("output is only owed under a held capability");
+        let cap = self
+            .cap
+            .as_ref()
+            .expect("output is only owed under a held capability");
         cap.delayed(&time.max(*cap.time()))
     }
 
@@ -91,7 +97,9 @@ pub(crate) struct Waiting<D> {
 
 impl<D> Default for Waiting<D> {
     fn default() -> Self {
-        Waiting { by_time: BTreeMap::new() }
+        Waiting {
+            by_time: BTreeMap::new(),
+        }
     }
 }
 
@@ -106,7 +114,10 @@ impl<D> Waiting<D> {
         cap: &InputCapability<Timestamp>,
     ) {
         let needed = time.max(arrived);
-        let (records, emit_at) = self.by_time.entry(time).or_insert_with(|| (Vec::new(), Timestamp::MAX));
+        let (records, emit_at) = self
+            .by_time
+            .entry(time)
+            .or_insert_with(|| (Vec::new(), Timestamp::MAX));
         records.push(record);
         if needed < *emit_at {
             if *emit_at != Timestamp::MAX {
@@ -120,7 +131,11 @@ impl<D> Waiting<D> {
     /// The earliest waiting time below `watermark`, with its records and
     /// emission time; the hold's promise for it is withdrawn (the caller emits
     /// under [`Hold::at`] before settling).
-    pub(crate) fn pop_before(&mut self, watermark: Timestamp, hold: &mut Hold) -> Option<(Timestamp, Vec<D>, Timestamp)> {
+    pub(crate) fn pop_before(
+        &mut self,
+        watermark: Timestamp,
+        hold: &mut Hold,
+    ) -> Option<(Timestamp, Vec<D>, Timestamp)> {
         let entry = self.by_time.first_entry()?;
         if *entry.key() >= watermark {
             return None;

@@ -26,7 +26,9 @@ pub struct Interval<F> {
 
 impl<F> std::fmt::Debug for Interval<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Interval").field("lead", &self.lead).finish_non_exhaustive()
+        f.debug_struct("Interval")
+            .field("lead", &self.lead)
+            .finish_non_exhaustive()
     }
 }
 
@@ -35,7 +37,10 @@ impl<F> std::fmt::Debug for Interval<F> {
 ///
 /// # Panics
 /// If `lower > upper`.
-pub fn between<L>(lower: i64, upper: i64) -> Interval<impl Fn(&L, Timestamp) -> (Timestamp, Timestamp)> {
+pub fn between<L>(
+    lower: i64,
+    upper: i64,
+) -> Interval<impl Fn(&L, Timestamp) -> (Timestamp, Timestamp)> {
     assert!(lower <= upper, "an interval join needs lower <= upper");
     let shift = move |t: Timestamp, by: i64| {
         if by >= 0 {
@@ -44,13 +49,19 @@ pub fn between<L>(lower: i64, upper: i64) -> Interval<impl Fn(&L, Timestamp) -> 
             t.saturating_sub(by.unsigned_abs())
         }
     };
-    Interval { bounds: move |_: &L, t| (shift(t, lower), shift(t, upper)), lead: lower.min(0).unsigned_abs() }
+    Interval {
+        bounds: move |_: &L, t| (shift(t, lower), shift(t, upper)),
+        lead: lower.min(0).unsigned_abs(),
+    }
 }
 
 /// Right times in a range computed from the left record, starting no earlier
 /// than `lead` ms before the left record's time: e.g. the bids of an auction,
 /// from its opening to its expiry, are `by_record(0, |a, t| (t, a.expires))`.
-pub fn by_record<L, F: Fn(&L, Timestamp) -> (Timestamp, Timestamp)>(lead: u64, bounds: F) -> Interval<F> {
+pub fn by_record<L, F: Fn(&L, Timestamp) -> (Timestamp, Timestamp)>(
+    lead: u64,
+    bounds: F,
+) -> Interval<F> {
     Interval { bounds, lead }
 }
 
@@ -76,13 +87,21 @@ struct Left<L> {
 }
 
 /// Adds a record with its diff to a key's list, cancelling an equal one.
-fn add_to<T>(list: &mut Vec<T>, item: T, same: impl Fn(&T, &T) -> bool, diff_of: impl Fn(&mut T) -> &mut Diff) {
+fn add_to<T>(
+    list: &mut Vec<T>,
+    item: T,
+    same: impl Fn(&T, &T) -> bool,
+    diff_of: impl Fn(&mut T) -> &mut Diff,
+) {
     let mut item = item;
     if let Some(existing) = list.iter_mut().find(|e| same(e, &item)) {
         let d = *diff_of(&mut item);
         *diff_of(existing) += d;
         if *diff_of(existing) == 0 {
-            let pos = list.iter().position(|e| same(e, &item)).expect("found above");
+            let pos = list
+                .iter()
+                .position(|e| same(e, &item))
+                .expect("found above");
             list.swap_remove(pos);
         }
     } else {
@@ -139,7 +158,13 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
     /// let out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).collect();
     /// assert_eq!(out, vec![(("ann".to_string(), 70), 5, 1)]);
     /// ```
-    pub fn join<K, R, KL, KR, O, F>(&self, other: &EventStream<'scope, R>, key_left: KL, key_right: KR, output: F) -> EventStream<'scope, O>
+    pub fn join<K, R, KL, KR, O, F>(
+        &self,
+        other: &EventStream<'scope, R>,
+        key_left: KL,
+        key_right: KR,
+        output: F,
+    ) -> EventStream<'scope, O>
     where
         K: Key,
         R: Data + PartialEq,
@@ -148,9 +173,20 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         KR: Fn(&R) -> K + 'static,
         F: Fn(&L, &R) -> O + 'static,
     {
-        let unbounded = Interval { bounds: |_: &L, _| (0, END_OF_TIME), lead: END_OF_TIME };
-        self.interval_join_core("Join", other, key_left, key_right, unbounded, AllowedLateness(END_OF_TIME), output)
-            .results
+        let unbounded = Interval {
+            bounds: |_: &L, _| (0, END_OF_TIME),
+            lead: END_OF_TIME,
+        };
+        self.interval_join_core(
+            "Join",
+            other,
+            key_left,
+            key_right,
+            unbounded,
+            AllowedLateness(END_OF_TIME),
+            output,
+        )
+        .results
     }
 
     /// Joins each left record with the right records of the same key whose
@@ -198,7 +234,15 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         B: Fn(&L, Timestamp) -> (Timestamp, Timestamp) + 'static,
         F: Fn(&L, &R) -> O + 'static,
     {
-        self.interval_join_core("IntervalJoin", other, key_left, key_right, interval, AllowedLateness(allowed_lateness), output)
+        self.interval_join_core(
+            "IntervalJoin",
+            other,
+            key_left,
+            key_right,
+            interval,
+            AllowedLateness(allowed_lateness),
+            output,
+        )
     }
 
     /// [`interval_join`](Self::interval_join) with an operator name.
@@ -234,13 +278,17 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         let (results_out, results) = builder.new_output();
         let (late_left_out, late_left) = builder.new_output();
         let (late_right_out, late_right) = builder.new_output();
-        let mut results_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<O>>>>::from(results_out);
-        let mut late_left_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<L>>>>::from(late_left_out);
-        let mut late_right_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<R>>>>::from(late_right_out);
+        let mut results_out =
+            OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<O>>>>::from(results_out);
+        let mut late_left_out =
+            OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<L>>>>::from(late_left_out);
+        let mut late_right_out =
+            OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<R>>>>::from(late_right_out);
         let (count_left, count_right) = (Counter::new(), Counter::new());
         let (counter_left, counter_right) = (count_left.clone(), count_right.clone());
         let Interval { bounds, lead } = interval;
-        let right_release = move |t: Timestamp| lateness.release_at(t.saturating_add(lead).saturating_add(1));
+        let right_release =
+            move |t: Timestamp| lateness.release_at(t.saturating_add(lead).saturating_add(1));
 
         builder.build(move |_initial_capabilities| {
             let mut lefts: StateMap<K, Vec<Left<L>>> = StateMap::default();
@@ -268,7 +316,11 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                             if let Some(list) = rights.get(&k) {
                                 for (r, rt, rd) in list.iter() {
                                     if lo <= *rt && *rt <= hi {
-                                        session.give((output(&record, r), time.max(*rt), diff * rd));
+                                        session.give((
+                                            output(&record, r),
+                                            time.max(*rt),
+                                            diff * rd,
+                                        ));
                                     }
                                 }
                             }
@@ -277,7 +329,18 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                                 left_due.entry(release_at).or_default().push(k.clone());
                             }
                             let list = lefts.entry(k).or_default();
-                            add_to(list, Left { record, time, lo, hi, diff }, |a, b| a == b, |e| &mut e.diff);
+                            add_to(
+                                list,
+                                Left {
+                                    record,
+                                    time,
+                                    lo,
+                                    hi,
+                                    diff,
+                                },
+                                |a, b| a == b,
+                                |e| &mut e.diff,
+                            );
                         }
                     }
                 });
@@ -296,7 +359,11 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                             if let Some(list) = lefts.get(&k) {
                                 for l in list.iter() {
                                     if l.lo <= time && time <= l.hi {
-                                        session.give((output(&l.record, &record), time.max(l.time), l.diff * diff));
+                                        session.give((
+                                            output(&l.record, &record),
+                                            time.max(l.time),
+                                            l.diff * diff,
+                                        ));
                                     }
                                 }
                             }
@@ -305,15 +372,24 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                                 right_due.entry(release_at).or_default().push(k.clone());
                             }
                             let list = rights.entry(k).or_default();
-                            add_to(list, (record, time, diff), |a, b| a.0 == b.0 && a.1 == b.1, |e| &mut e.2);
+                            add_to(
+                                list,
+                                (record, time, diff),
+                                |a, b| a.0 == b.0 && a.1 == b.1,
+                                |e| &mut e.2,
+                            );
                         }
                     }
                 });
 
                 let left_watermark = watermark_of(&frontiers[0]);
                 let right_watermark = watermark_of(&frontiers[1]);
-                release(&mut lefts, &mut left_due, right_watermark, |l| lateness.release_at(l.hi.saturating_add(1)));
-                release(&mut rights, &mut right_due, left_watermark, |r| right_release(r.1));
+                release(&mut lefts, &mut left_due, right_watermark, |l| {
+                    lateness.release_at(l.hi.saturating_add(1))
+                });
+                release(&mut rights, &mut right_due, left_watermark, |r| {
+                    right_release(r.1)
+                });
                 if left_watermark == END_OF_TIME && right_watermark == END_OF_TIME {
                     lefts.clear();
                     rights.clear();
@@ -323,8 +399,14 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
 
         IntervalJoined {
             results: EventStream::new(results),
-            late_left: LateOutput { stream: EventStream::new(late_left), count: count_left },
-            late_right: LateOutput { stream: EventStream::new(late_right), count: count_right },
+            late_left: LateOutput {
+                stream: EventStream::new(late_left),
+                count: count_left,
+            },
+            late_right: LateOutput {
+                stream: EventStream::new(late_right),
+                count: count_right,
+            },
         }
     }
 }

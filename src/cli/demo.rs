@@ -77,7 +77,11 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
                 Event::Auction(a) => Some(a),
                 _ => None,
             });
-            let counts = bids.window(Tumbling::of(10.secs())).key_by(|b: &Bid| b.auction).named("BidsPerAuction").aggregate(Count);
+            let counts = bids
+                .window(Tumbling::of(10.secs()))
+                .key_by(|b: &Bid| b.auction)
+                .named("BidsPerAuction")
+                .aggregate(Count);
             let hottest = counts
                 .results
                 .window(Tumbling::of(10.secs()))
@@ -86,35 +90,51 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
                 .aggregate(MaxBy::append_only(|r: &WindowResult<i64, u64>| r.value));
             let hot = hottest.results.flat_map(|r| r.value);
             // The auction opened at most 30 s before the window that made it hot ended.
-            let joined = auctions.interval_join(&hot, |a: &Auction| a.id, |h| h.key, between(0, 30.secs() as i64), 0, |a, h| {
-                format!(
-                    "{} .. {}  auction {:>7}  category {}  {:>6} bids  \"{}\"",
-                    iso(h.window.start),
-                    iso(h.window.end),
-                    a.id,
-                    a.category,
-                    h.value,
-                    a.item_name
-                )
-            });
+            let joined = auctions.interval_join(
+                &hot,
+                |a: &Auction| a.id,
+                |h| h.key,
+                between(0, 30.secs() as i64),
+                0,
+                |a, h| {
+                    format!(
+                        "{} .. {}  auction {:>7}  category {}  {:>6} bids  \"{}\"",
+                        iso(h.window.start),
+                        iso(h.window.end),
+                        a.id,
+                        a.category,
+                        h.value,
+                        a.item_name
+                    )
+                },
+            );
             let lines = joined.results.probe_with(&probe);
             watch_watermark(&lines, &g);
             if let Ok(mut late) = g.late.lock() {
-                late.extend([counts.late.count, hottest.late.count, joined.late_left.count, joined.late_right.count]);
+                late.extend([
+                    counts.late.count,
+                    hottest.late.count,
+                    joined.late_left.count,
+                    joined.late_right.count,
+                ]);
             }
             let shown = p.clone();
-            lines.inner.clone().sink(Exchange::new(|_: &(String, u64, i64)| 0), "Print", move |(input, _)| {
-                input.for_each_stamp(|_, data| {
-                    for batch in data {
-                        for (line, _, diff) in batch.drain(..) {
-                            if diff > 0 {
-                                println!("{line}");
-                                shown.add(1);
+            lines.inner.clone().sink(
+                Exchange::new(|_: &(String, u64, i64)| 0),
+                "Print",
+                move |(input, _)| {
+                    input.for_each_stamp(|_, data| {
+                        for batch in data {
+                            for (line, _, diff) in batch.drain(..) {
+                                if diff > 0 {
+                                    println!("{line}");
+                                    shown.add(1);
+                                }
                             }
                         }
-                    }
-                });
-            });
+                    });
+                },
+            );
             dead_letter_sink(&streams.dead_letters, None);
             Ok(())
         })

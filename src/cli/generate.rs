@@ -42,7 +42,9 @@ pub(super) fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let source = GeneratorSource::new(std::sync::Arc::new(generator), 1);
     let mut reader = source.open(0, None)?;
     let out: Box<dyn Write> = match &args.output {
-        Some(path) => Box::new(std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?),
+        Some(path) => Box::new(
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+        ),
         None => Box::new(std::io::stdout().lock()),
     };
     let mut out = std::io::BufWriter::with_capacity(1 << 20, out);

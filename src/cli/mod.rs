@@ -41,8 +41,12 @@ enum Command {
 /// Runs the command line; returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     let result = match cli.command {
         Command::Nexmark(args) => nexmark::run(args),
         Command::Demo(args) => demo::run(args),
@@ -58,7 +62,9 @@ pub fn main() -> i32 {
 }
 
 /// Joins the workers, turning their errors and panics into one error.
-fn join_workers<T: Send + 'static>(guards: timely::communication::WorkerGuards<anyhow::Result<T>>) -> anyhow::Result<Vec<T>> {
+fn join_workers<T: Send + 'static>(
+    guards: timely::communication::WorkerGuards<anyhow::Result<T>>,
+) -> anyhow::Result<Vec<T>> {
     let mut out = Vec::new();
     for result in guards.join() {
         match result {

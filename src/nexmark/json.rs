@@ -46,18 +46,31 @@ impl Decode for NexmarkDecoder {
             (2, None, None, Some(b)) => Event::Bid(b),
             (t @ 0..=2, p, a, b) => {
                 let want = ["person", "auction", "bid"][t as usize];
-                let have: Vec<&str> = [("person", p.is_some()), ("auction", a.is_some()), ("bid", b.is_some())]
-                    .into_iter()
-                    .filter(|(_, present)| *present)
-                    .map(|(k, _)| k)
-                    .collect();
-                return Err(DecodeError(format!("event_type {t} needs exactly the key \"{want}\", found {have:?}")));
+                let have: Vec<&str> = [
+                    ("person", p.is_some()),
+                    ("auction", a.is_some()),
+                    ("bid", b.is_some()),
+                ]
+                .into_iter()
+                .filter(|(_, present)| *present)
+                .map(|(k, _)| k)
+                .collect();
+                return Err(DecodeError(format!(
+                    "event_type {t} needs exactly the key \"{want}\", found {have:?}"
+                )));
             }
-            (t, ..) => return Err(DecodeError(format!("event_type {t} is not 0 (person), 1 (auction) or 2 (bid)"))),
+            (t, ..) => {
+                return Err(DecodeError(format!(
+                    "event_type {t} is not 0 (person), 1 (auction) or 2 (bid)"
+                )))
+            }
         };
         if let Event::Auction(a) = &event {
             if a.expires <= a.date_time {
-                return Err(DecodeError(format!("auction {}: expires {} is not after dateTime {}", a.id, a.expires, a.date_time)));
+                return Err(DecodeError(format!(
+                    "auction {}: expires {} is not after dateTime {}",
+                    a.id, a.expires, a.date_time
+                )));
             }
         }
         Ok(event)
@@ -78,9 +91,24 @@ struct LineRef<'a> {
 /// Writes `event` as one line of the Nexmark format (with its `\n`).
 pub fn write_event<W: Write>(out: &mut W, event: &Event) -> std::io::Result<()> {
     let line = match event {
-        Event::Person(p) => LineRef { event_type: 0, person: Some(p), auction: None, bid: None },
-        Event::Auction(a) => LineRef { event_type: 1, person: None, auction: Some(a), bid: None },
-        Event::Bid(b) => LineRef { event_type: 2, person: None, auction: None, bid: Some(b) },
+        Event::Person(p) => LineRef {
+            event_type: 0,
+            person: Some(p),
+            auction: None,
+            bid: None,
+        },
+        Event::Auction(a) => LineRef {
+            event_type: 1,
+            person: None,
+            auction: Some(a),
+            bid: None,
+        },
+        Event::Bid(b) => LineRef {
+            event_type: 2,
+            person: None,
+            auction: None,
+            bid: Some(b),
+        },
     };
     serde_json::to_writer(&mut *out, &line)?;
     out.write_all(b"\n")

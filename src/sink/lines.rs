@@ -78,12 +78,18 @@ impl Writer {
 /// Writes a stream of lines (without line endings), after an optional header,
 /// from worker 0. Returns the counters; the output is complete once the
 /// dataflow's input is exhausted and the workers are joined.
-pub fn write_lines(lines: &EventStream<'_, String>, header: Option<String>, target: LineTarget, mode: SinkMode) -> SinkHandle {
+pub fn write_lines(
+    lines: &EventStream<'_, String>,
+    header: Option<String>,
+    target: LineTarget,
+    mode: SinkMode,
+) -> SinkHandle {
     let handle = SinkHandle::default();
     let h = handle.clone();
     let pact = Exchange::new(|_: &(String, Timestamp, i64)| 0u64);
     let mut writer: Option<Writer> = None;
-    let mut opened = false;
+    // Every line goes to worker 0; the others never open the target.
+    let mut opened = lines.scope().index() != 0;
     let mut finished = false;
     let mut table: HashMap<String, i64> = HashMap::new();
     let target_name = match &target {
@@ -97,85 +103,100 @@ pub fn write_lines(lines: &EventStream<'_, String>, header: Option<String>, targ
         }
         *writer = None;
     };
-    lines.inner.clone().sink(pact, "WriteLines", move |(input, frontier)| {
-        if !opened {
-            opened = true;
-            match open(&target) {
-                Ok(mut w) => {
-                    let header_written = match &header {
-                        Some(line) => w.write_all(line.as_bytes()).and_then(|_| w.write_all(b"\n")),
-                        None => Ok(()),
-                    };
-                    match header_written {
-                        Ok(()) => writer = Some(w),
-                        Err(e) => fail(&h, &mut writer, e),
+    lines
+        .inner
+        .clone()
+        .sink(pact, "WriteLines", move |(input, frontier)| {
+            if !opened {
+                opened = true;
+                match open(&target) {
+                    Ok(mut w) => {
+                        let header_written = match &header {
+                            Some(line) => w
+                                .write_all(line.as_bytes())
+                                .and_then(|_| w.write_all(b"\n")),
+                            None => Ok(()),
+                        };
+                        match header_written {
+                            Ok(()) => writer = Some(w),
+                            Err(e) => fail(&h, &mut writer, e),
+                        }
                     }
+                    Err(e) => fail(&h, &mut writer, e),
                 }
-                Err(e) => fail(&h, &mut writer, e),
             }
-        }
-        let mut written = 0u64;
-        let mut error = None;
-        input.for_each_stamp(|_cap, data| {
-            for batch in data {
-                for (line, _time, diff) in batch.drain(..) {
-                    match mode {
-                        SinkMode::Table => *table.entry(line).or_insert(0) += diff,
-                        SinkMode::Append if diff < 0 => h.unapplied_retractions.add(diff.unsigned_abs()),
-                        SinkMode::Append => {
-                            if let Some(w) = writer.as_mut() {
-                                for _ in 0..diff {
-                                    if let Err(e) = w.write_all(line.as_bytes()).and_then(|_| w.write_all(b"\n")) {
-                                        error = Some(e);
+            let mut written = 0u64;
+            let mut error = None;
+            input.for_each_stamp(|_cap, data| {
+                for batch in data {
+                    for (line, _time, diff) in batch.drain(..) {
+                        match mode {
+                            SinkMode::Table => *table.entry(line).or_insert(0) += diff,
+                            SinkMode::Append if diff < 0 => {
+                                h.unapplied_retractions.add(diff.unsigned_abs())
+                            }
+                            SinkMode::Append => {
+                                if let Some(w) = writer.as_mut() {
+                                    for _ in 0..diff {
+                                        if let Err(e) = w
+                                            .write_all(line.as_bytes())
+                                            .and_then(|_| w.write_all(b"\n"))
+                                        {
+                                            error = Some(e);
+                                        }
+                                        written += 1;
                                     }
-                                    written += 1;
                                 }
                             }
                         }
                     }
                 }
+            });
+            if let Some(e) = error.take() {
+                fail(&h, &mut writer, e);
             }
-        });
-        if let Some(e) = error.take() {
-            fail(&h, &mut writer, e);
-        }
-        if frontier.is_empty() && !finished {
-            finished = true;
-            if mode == SinkMode::Table {
-                let mut rows: Vec<_> = table.drain().filter(|(_, n)| *n != 0).collect();
-                rows.sort();
-                for (line, n) in rows {
-                    if n < 0 {
-                        h.unapplied_retractions.add(n.unsigned_abs());
-                        continue;
-                    }
-                    if let Some(w) = writer.as_mut() {
-                        for _ in 0..n {
-                            if let Err(e) = w.write_all(line.as_bytes()).and_then(|_| w.write_all(b"\n")) {
-                                error = Some(e);
+            if frontier.is_empty() && !finished {
+                finished = true;
+                if mode == SinkMode::Table {
+                    let mut rows: Vec<_> = table.drain().filter(|(_, n)| *n != 0).collect();
+                    rows.sort();
+                    for (line, n) in rows {
+                        if n < 0 {
+                            h.unapplied_retractions.add(n.unsigned_abs());
+                            continue;
+                        }
+                        if let Some(w) = writer.as_mut() {
+                            for _ in 0..n {
+                                if let Err(e) = w
+                                    .write_all(line.as_bytes())
+                                    .and_then(|_| w.write_all(b"\n"))
+                                {
+                                    error = Some(e);
+                                }
+                                written += 1;
                             }
-                            written += 1;
                         }
                     }
                 }
             }
-        }
-        if let Some(w) = writer.as_mut() {
-            if let Err(e) = w.flush() {
-                error = Some(e);
+            if let Some(w) = writer.as_mut() {
+                if let Err(e) = w.flush() {
+                    error = Some(e);
+                }
             }
-        }
-        if let Some(e) = error {
-            fail(&h, &mut writer, e);
-        }
-        h.lines.add(written);
-    });
+            if let Some(e) = error {
+                fail(&h, &mut writer, e);
+            }
+            h.lines.add(written);
+        });
     handle
 }
 
 fn open(target: &LineTarget) -> std::io::Result<Writer> {
     Ok(match target {
-        LineTarget::File(path) => Writer::File(BufWriter::with_capacity(1 << 20, File::create(path)?)),
+        LineTarget::File(path) => {
+            Writer::File(BufWriter::with_capacity(1 << 20, File::create(path)?))
+        }
         LineTarget::Stdout => Writer::Stdout(BufWriter::with_capacity(1 << 16, std::io::stdout())),
         LineTarget::Discard => Writer::Discard,
     })

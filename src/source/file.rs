@@ -46,7 +46,10 @@ pub struct JsonLines<Dec> {
 
 impl<Dec> std::fmt::Debug for JsonLines<Dec> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JsonLines").field("input", &self.input).field("blocks", &self.blocks.len()).finish()
+        f.debug_struct("JsonLines")
+            .field("input", &self.input)
+            .field("blocks", &self.blocks.len())
+            .finish()
     }
 }
 
@@ -57,7 +60,11 @@ impl<Dec: Decode> JsonLines<Dec> {
     }
 
     /// Reads the given files, in blocks of `block_size` bytes.
-    pub fn files_with_block_size<P: AsRef<Path>>(paths: &[P], decoder: Dec, block_size: u64) -> Result<Self, SourceError> {
+    pub fn files_with_block_size<P: AsRef<Path>>(
+        paths: &[P],
+        decoder: Dec,
+        block_size: u64,
+    ) -> Result<Self, SourceError> {
         if block_size == 0 {
             return Err(SourceError::Config("block_size must be positive".into()));
         }
@@ -65,20 +72,37 @@ impl<Dec: Decode> JsonLines<Dec> {
         let mut blocks = Vec::new();
         for (file, path) in paths.iter().enumerate() {
             let len = std::fs::metadata(path)
-                .map_err(|source| SourceError::Io { what: path.display().to_string(), source })?
+                .map_err(|source| SourceError::Io {
+                    what: path.display().to_string(),
+                    source,
+                })?
                 .len();
             let mut start = 0;
             while start < len {
-                blocks.push(Block { file, start, end: (start + block_size).min(len) });
+                blocks.push(Block {
+                    file,
+                    start,
+                    end: (start + block_size).min(len),
+                });
                 start += block_size;
             }
         }
-        Ok(JsonLines { input: Input::Files(paths), blocks, decoder: Arc::new(decoder), stdin: Mutex::new(None) })
+        Ok(JsonLines {
+            input: Input::Files(paths),
+            blocks,
+            decoder: Arc::new(decoder),
+            stdin: Mutex::new(None),
+        })
     }
 
     /// Reads standard input (one partition, on worker 0).
     pub fn stdin(decoder: Dec) -> Self {
-        JsonLines { input: Input::Stdin, blocks: Vec::new(), decoder: Arc::new(decoder), stdin: Mutex::new(None) }
+        JsonLines {
+            input: Input::Stdin,
+            blocks: Vec::new(),
+            decoder: Arc::new(decoder),
+            stdin: Mutex::new(None),
+        }
     }
 }
 
@@ -100,10 +124,17 @@ where
         })
     }
 
-    fn open(&self, index: usize, from: Option<Offset>) -> Result<JsonLinesReader<Dec>, SourceError> {
+    fn open(
+        &self,
+        index: usize,
+        from: Option<Offset>,
+    ) -> Result<JsonLinesReader<Dec>, SourceError> {
         match &self.input {
             Input::Stdin => {
-                let mut slot = self.stdin.lock().map_err(|_| SourceError::Config("stdin reader poisoned".into()))?;
+                let mut slot = self
+                    .stdin
+                    .lock()
+                    .map_err(|_| SourceError::Config("stdin reader poisoned".into()))?;
                 let rx = slot.take().unwrap_or_else(spawn_stdin);
                 Ok(JsonLinesReader {
                     origin: "stdin".to_owned(),
@@ -122,7 +153,10 @@ where
                     .get(index)
                     .ok_or_else(|| SourceError::Config(format!("no partition {index}")))?;
                 let path = &paths[block.file];
-                let io = |source| SourceError::Io { what: path.display().to_string(), source };
+                let io = |source| SourceError::Io {
+                    what: path.display().to_string(),
+                    source,
+                };
                 let mut file = File::open(path).map_err(io)?;
                 let mut reader = JsonLinesReader {
                     origin: path.display().to_string(),
@@ -207,7 +241,10 @@ pub struct JsonLinesReader<Dec> {
 
 impl<Dec> std::fmt::Debug for JsonLinesReader<Dec> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JsonLinesReader").field("origin", &self.origin).field("offset", &(self.buf_offset + self.pos as u64)).finish()
+        f.debug_struct("JsonLinesReader")
+            .field("origin", &self.origin)
+            .field("offset", &(self.buf_offset + self.pos as u64))
+            .finish()
     }
 }
 
@@ -229,7 +266,10 @@ impl<Dec: Decode> JsonLinesReader<Dec> {
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                         Err(source) => {
                             self.buf.truncate(old);
-                            return Err(SourceError::Io { what: self.origin.clone(), source });
+                            return Err(SourceError::Io {
+                                what: self.origin.clone(),
+                                source,
+                            });
                         }
                     }
                 };
@@ -270,7 +310,12 @@ impl<Dec: Decode> JsonLinesReader<Dec> {
 impl<Dec: Decode> PartitionReader for JsonLinesReader<Dec> {
     type Record = Dec::Record;
 
-    fn read(&mut self, max: usize, out: &mut Vec<Dec::Record>, dead: &mut Vec<DeadLetter>) -> Result<ReadStatus, SourceError> {
+    fn read(
+        &mut self,
+        max: usize,
+        out: &mut Vec<Dec::Record>,
+        dead: &mut Vec<DeadLetter>,
+    ) -> Result<ReadStatus, SourceError> {
         let mut taken = 0;
         while taken < max {
             let line_start = self.buf_offset + self.pos as u64;
@@ -290,7 +335,11 @@ impl<Dec: Decode> PartitionReader for JsonLinesReader<Dec> {
                     if self.fill()? || self.eof {
                         continue;
                     }
-                    return Ok(if taken > 0 { ReadStatus::Data } else { ReadStatus::Idle });
+                    return Ok(if taken > 0 {
+                        ReadStatus::Data
+                    } else {
+                        ReadStatus::Idle
+                    });
                 }
             };
             let mut bytes = &self.buf[line];
@@ -300,7 +349,9 @@ impl<Dec: Decode> PartitionReader for JsonLinesReader<Dec> {
             if !bytes.is_empty() {
                 match self.decoder.decode(bytes) {
                     Ok(record) => out.push(record),
-                    Err(e) => dead.push(DeadLetter::new(self.origin.clone(), line_start, e.0, bytes)),
+                    Err(e) => {
+                        dead.push(DeadLetter::new(self.origin.clone(), line_start, e.0, bytes))
+                    }
                 }
                 taken += 1;
             }

@@ -64,7 +64,9 @@ impl SourceError {
         match self {
             SourceError::Io { source, .. } => matches!(
                 source.kind(),
-                std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                std::io::ErrorKind::Interrupted
+                    | std::io::ErrorKind::WouldBlock
+                    | std::io::ErrorKind::TimedOut
             ),
             SourceError::Config(_) => false,
         }
@@ -100,7 +102,12 @@ pub trait PartitionReader: 'static {
     /// The decoded record.
     type Record;
     /// Reads up to `max` records into `out` and undecodable ones into `dead`.
-    fn read(&mut self, max: usize, out: &mut Vec<Self::Record>, dead: &mut Vec<DeadLetter>) -> Result<ReadStatus, SourceError>;
+    fn read(
+        &mut self,
+        max: usize,
+        out: &mut Vec<Self::Record>,
+        dead: &mut Vec<DeadLetter>,
+    ) -> Result<ReadStatus, SourceError>;
     /// The offset after the last record returned.
     fn offset(&self) -> Offset;
 }

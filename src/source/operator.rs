@@ -117,7 +117,11 @@ where
     let names = source.partitions()?;
     let mut queue = VecDeque::new();
     for i in (0..names.len()).filter(|i| i % peers == index) {
-        let from = options.start_offsets.iter().find(|(p, _)| *p == i).map(|(_, o)| *o);
+        let from = options
+            .start_offsets
+            .iter()
+            .find(|(p, _)| *p == i)
+            .map(|(_, o)| *o);
         queue.push_back((i, source.open(i, from)?));
     }
     tracing::debug!(source = %options.name, worker = index, partitions = queue.len(), "opened source partitions");
@@ -127,8 +131,10 @@ where
     let activator = scope.activator_for(address);
     let (events_out, events) = builder.new_output();
     let (dead_out, dead) = builder.new_output();
-    let mut events_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<S::Record>>>>::from(events_out);
-    let mut dead_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<DeadLetter>>>>::from(dead_out);
+    let mut events_out =
+        OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<S::Record>>>>::from(events_out);
+    let mut dead_out =
+        OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<DeadLetter>>>>::from(dead_out);
     let metrics = metrics.clone();
     let concurrent = source.concurrent_partitions().max(1);
 
@@ -267,5 +273,8 @@ where
         }
     });
 
-    Ok(SourceStreams { events: EventStream::new(events), dead_letters: EventStream::new(dead) })
+    Ok(SourceStreams {
+        events: EventStream::new(events),
+        dead_letters: EventStream::new(dead),
+    })
 }

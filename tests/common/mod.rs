@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use highwater::nexmark::{build, Event, Generator, GeneratorConfig, GeneratorSource, Query, QueryOptions};
+use highwater::nexmark::{
+    build, Event, Generator, GeneratorConfig, GeneratorSource, Query, QueryOptions,
+};
 use highwater::operators::Timestamp;
 use highwater::sink::{collect, Collected};
 use highwater::source::{read, SourceMetrics, SourceOptions};
@@ -12,7 +14,12 @@ use highwater_operators::Counter;
 
 /// The generator configuration the Nexmark tests use: 30 s of event time.
 pub fn config(events: u64, out_of_order_ms: u64) -> GeneratorConfig {
-    GeneratorConfig { events: Some(events), rate: 2_000.0, max_out_of_order_ms: out_of_order_ms, ..Default::default() }
+    GeneratorConfig {
+        events: Some(events),
+        rate: 2_000.0,
+        max_out_of_order_ms: out_of_order_ms,
+        ..Default::default()
+    }
 }
 
 /// All events of a configuration, by number.
@@ -23,7 +30,12 @@ pub fn events(config: &GeneratorConfig) -> Vec<Event> {
 
 /// Runs `query` on the generator with `workers` workers; returns the final
 /// result (consolidated rows, sorted) and the number of late records.
-pub fn run_query(query: Query, config: &GeneratorConfig, workers: usize, options: QueryOptions) -> (Vec<String>, u64) {
+pub fn run_query(
+    query: Query,
+    config: &GeneratorConfig,
+    workers: usize,
+    options: QueryOptions,
+) -> (Vec<String>, u64) {
     let generator = Arc::new(Generator::new(config.clone()).unwrap());
     let out = Collected::default();
     let late = Arc::new(std::sync::Mutex::new(Vec::<Counter>::new()));
@@ -38,7 +50,15 @@ pub fn run_query(query: Query, config: &GeneratorConfig, workers: usize, options
                 batch_size: 257,
                 ..Default::default()
             };
-            let streams = read(scope, source, |e: &Event| e.time(), source_options, &SourceMetrics::default(), None).unwrap();
+            let streams = read(
+                scope,
+                source,
+                |e: &Event| e.time(),
+                source_options,
+                &SourceMetrics::default(),
+                None,
+            )
+            .unwrap();
             let output = build(query, &streams.events, &options);
             l.lock().unwrap().extend(output.late.iter().cloned());
             collect(&output.rows, &o);

@@ -19,7 +19,11 @@ fn rank(price: i64) -> u8 {
     }
 }
 
-type Counts = ((u64, i64, i64, i64), (u64, u64, u64, u64), (u64, u64, u64, u64));
+type Counts = (
+    (u64, i64, i64, i64),
+    (u64, u64, u64, u64),
+    (u64, u64, u64, u64),
+);
 
 /// Bids, bidders and auctions, in total and per price rank.
 fn counts() -> impl Aggregate<Bid, Output = Counts> {
@@ -46,7 +50,18 @@ fn counts() -> impl Aggregate<Bid, Output = Counts> {
 }
 
 fn push_counts(row: Row, ((b, b1, b2, b3), (p, p1, p2, p3), (a, a1, a2, a3)): Counts) -> Row {
-    row.int(b).int(b1).int(b2).int(b3).int(p).int(p1).int(p2).int(p3).int(a).int(a1).int(a2).int(a3)
+    row.int(b)
+        .int(b1)
+        .int(b2)
+        .int(b3)
+        .int(p)
+        .int(p1)
+        .int(p2)
+        .int(p3)
+        .int(a)
+        .int(a1)
+        .int(a2)
+        .int(a3)
 }
 
 const COUNT_COLUMNS: [&str; 12] = [
@@ -90,7 +105,12 @@ pub(super) fn q15<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'s
     let rows = bids(events)
         .aggregate_by_key_named("DailyStats", |b: &Bid| utc_day(b.date_time), counts())
         .map(|(day, c)| push_counts(Row::new().str(&day), c).done());
-    QueryOutput { header: with_counts!("day"), rows, kind: QueryKind::Updating, late: Vec::new() }
+    QueryOutput {
+        header: with_counts!("day"),
+        rows,
+        kind: QueryKind::Updating,
+        late: Vec::new(),
+    }
 }
 
 /// Per channel and UTC day: as q15, with the latest minute seen.
@@ -105,8 +125,15 @@ pub(super) fn q16<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'s
             |b: &Bid| (b.channel.to_string(), utc_day(b.date_time)),
             (Max::append_only(minute), counts()),
         )
-        .map(|((channel, day), (minute, c))| push_counts(Row::new().str(&channel).str(&day).str(&minute), c).done());
-    QueryOutput { header: with_counts!("channel", "day", "minute"), rows, kind: QueryKind::Updating, late: Vec::new() }
+        .map(|((channel, day), (minute, c))| {
+            push_counts(Row::new().str(&channel).str(&day).str(&minute), c).done()
+        });
+    QueryOutput {
+        header: with_counts!("channel", "day", "minute"),
+        rows,
+        kind: QueryKind::Updating,
+        late: Vec::new(),
+    }
 }
 
 /// Per auction and UTC day: bids by rank and price statistics.
@@ -123,12 +150,30 @@ pub(super) fn q17<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'s
                     Sum::of(|b: &Bid| i64::from(rank(b.price) == 2)),
                     Sum::of(|b: &Bid| i64::from(rank(b.price) == 3)),
                 ),
-                (Min::append_only(price), Max::append_only(price), Avg::of(price), Sum::of(price)),
+                (
+                    Min::append_only(price),
+                    Max::append_only(price),
+                    Avg::of(price),
+                    Sum::of(price),
+                ),
             ),
         )
-        .map(|((auction, day), ((n, n1, n2, n3), (min, max, avg, sum)))| {
-            Row::new().int(auction).str(&day).int(n).int(n1).int(n2).int(n3).int(min).int(max).float(avg).int(sum).done()
-        });
+        .map(
+            |((auction, day), ((n, n1, n2, n3), (min, max, avg, sum)))| {
+                Row::new()
+                    .int(auction)
+                    .str(&day)
+                    .int(n)
+                    .int(n1)
+                    .int(n2)
+                    .int(n3)
+                    .int(min)
+                    .int(max)
+                    .float(avg)
+                    .int(sum)
+                    .done()
+            },
+        );
     QueryOutput {
         header: &[
             "auction",
@@ -160,12 +205,22 @@ pub(super) fn q18<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'s
             latest
                 .into_iter()
                 .map(|b| {
-                    Row::new().int(b.auction).int(b.bidder).int(b.price).str(&b.channel).str(&b.url).int(b.date_time).str(&b.extra).done()
+                    Row::new()
+                        .int(b.auction)
+                        .int(b.bidder)
+                        .int(b.price)
+                        .str(&b.channel)
+                        .str(&b.url)
+                        .int(b.date_time)
+                        .str(&b.extra)
+                        .done()
                 })
                 .collect::<Vec<_>>()
         });
     QueryOutput {
-        header: &["auction", "bidder", "price", "channel", "url", "dateTime", "extra"],
+        header: &[
+            "auction", "bidder", "price", "channel", "url", "dateTime", "extra",
+        ],
         rows,
         kind: QueryKind::Updating,
         late: Vec::new(),
@@ -178,18 +233,41 @@ pub(super) fn q19<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'s
         .aggregate_by_key_named(
             "TopBids",
             |b: &Bid| b.auction,
-            TopK::append_only(10, |b: &Bid| (b.price, Reverse(b.date_time), Reverse(b.bidder), Reverse(b.extra.clone()))),
+            TopK::append_only(10, |b: &Bid| {
+                (
+                    b.price,
+                    Reverse(b.date_time),
+                    Reverse(b.bidder),
+                    Reverse(b.extra.clone()),
+                )
+            }),
         )
         .flat_map(|(auction, top)| {
             top.into_iter()
                 .enumerate()
-                .map(|(i, (price, Reverse(time), Reverse(bidder), Reverse(extra)))| {
-                    Row::new().int(auction).int(bidder).int(price).int(time).str(&extra).int(i + 1).done()
-                })
+                .map(
+                    |(i, (price, Reverse(time), Reverse(bidder), Reverse(extra)))| {
+                        Row::new()
+                            .int(auction)
+                            .int(bidder)
+                            .int(price)
+                            .int(time)
+                            .str(&extra)
+                            .int(i + 1)
+                            .done()
+                    },
+                )
                 .collect::<Vec<_>>()
         });
     QueryOutput {
-        header: &["auction", "bidder", "price", "dateTime", "extra", "rank_number"],
+        header: &[
+            "auction",
+            "bidder",
+            "price",
+            "dateTime",
+            "extra",
+            "rank_number",
+        ],
         rows,
         kind: QueryKind::Updating,
         late: Vec::new(),

@@ -28,31 +28,66 @@ fn winning_bids<'scope>(
         AllowedLateness(lateness),
         |a, b| (a.clone(), b.clone()),
     );
-    let rank = |(_, b): &(Auction, Bid)| (b.price, Reverse(b.date_time), Reverse(b.bidder), Reverse(b.extra.clone()));
-    let best = if options.exact() { MaxBy::of(rank) } else { MaxBy::append_only(rank) };
+    let rank = |(_, b): &(Auction, Bid)| {
+        (
+            b.price,
+            Reverse(b.date_time),
+            Reverse(b.bidder),
+            Reverse(b.extra.clone()),
+        )
+    };
+    let best = if options.exact() {
+        MaxBy::of(rank)
+    } else {
+        MaxBy::append_only(rank)
+    };
     let closed = joined
         .results
-        .window(windows_by(|(a, _): &(Auction, Bid), _t| Window::new(a.date_time, a.expires + 1)))
+        .window(windows_by(|(a, _): &(Auction, Bid), _t| {
+            Window::new(a.date_time, a.expires + 1)
+        }))
         .key_by(|(a, _): &(Auction, Bid)| a.id)
         .allowed_lateness(lateness)
         .named("ClosingBid")
         .aggregate(best);
     let winners = closed.results.flat_map(|r| r.value);
-    (winners, vec![joined.late_left.count, joined.late_right.count, closed.late.count])
+    (
+        winners,
+        vec![
+            joined.late_left.count,
+            joined.late_right.count,
+            closed.late.count,
+        ],
+    )
 }
 
 /// Average closing price per category.
-pub(super) fn q4<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
+pub(super) fn q4<'scope>(
+    events: &EventStream<'scope, Event>,
+    options: &QueryOptions,
+) -> QueryOutput<'scope> {
     let (winners, late) = winning_bids(events, options);
     let rows = winners
         .map(|(a, b)| (a.category, b.price))
-        .aggregate_by_key_named("AvgByCategory", |(c, _): &(i64, i64)| *c, Avg::of(|(_, p): &(i64, i64)| *p))
+        .aggregate_by_key_named(
+            "AvgByCategory",
+            |(c, _): &(i64, i64)| *c,
+            Avg::of(|(_, p): &(i64, i64)| *p),
+        )
         .map(|(category, avg)| Row::new().int(category).float(avg).done());
-    QueryOutput { header: &["category", "avg_final"], rows, kind: QueryKind::Updating, late }
+    QueryOutput {
+        header: &["category", "avg_final"],
+        rows,
+        kind: QueryKind::Updating,
+        late,
+    }
 }
 
 /// Per seller, the average closing price of its last 10 closed auctions.
-pub(super) fn q6<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
+pub(super) fn q6<'scope>(
+    events: &EventStream<'scope, Event>,
+    options: &QueryOptions,
+) -> QueryOutput<'scope> {
     let (winners, late) = winning_bids(events, options);
     // Closed auctions in closing order: (expires, id) orders ties by id.
     let closed = winners.map(|(a, b)| (a.expires, a.id, a.seller, b.price));
@@ -64,21 +99,41 @@ pub(super) fn q6<'scope>(events: &EventStream<'scope, Event>, options: &QueryOpt
         .named("LastTenClosed")
         .aggregate((
             Avg::of(|c: &(u64, i64, i64, i64)| c.3),
-            if options.exact() { Max::of(last_closed) } else { Max::append_only(last_closed) },
+            if options.exact() {
+                Max::of(last_closed)
+            } else {
+                Max::append_only(last_closed)
+            },
         ));
     let newest = |r: &WindowResult<i64, (f64, (u64, i64))>| r.value.1;
-    let latest = if options.exact() { MaxBy::of(newest) } else { MaxBy::append_only(newest) };
+    let latest = if options.exact() {
+        MaxBy::of(newest)
+    } else {
+        MaxBy::append_only(newest)
+    };
     let rows = windows
         .results
         .aggregate_by_key_named("LatestPerSeller", |r| r.key, latest)
-        .flat_map(|(seller, results)| results.into_iter().map(move |r| Row::new().int(seller).float(r.value.0).done()));
+        .flat_map(|(seller, results)| {
+            results
+                .into_iter()
+                .map(move |r| Row::new().int(seller).float(r.value.0).done())
+        });
     let mut late = late;
     late.push(windows.late.count);
-    QueryOutput { header: &["seller", "avg_price"], rows, kind: QueryKind::Updating, late }
+    QueryOutput {
+        header: &["seller", "avg_price"],
+        rows,
+        kind: QueryKind::Updating,
+        late,
+    }
 }
 
 /// Per auction, its winning bid.
-pub(super) fn q9<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
+pub(super) fn q9<'scope>(
+    events: &EventStream<'scope, Event>,
+    options: &QueryOptions,
+) -> QueryOutput<'scope> {
     let (winners, late) = winning_bids(events, options);
     let rows = winners.map(|(a, b)| {
         Row::new()

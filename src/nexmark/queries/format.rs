@@ -57,7 +57,10 @@ pub(super) struct Row {
 
 impl Row {
     pub(super) fn new() -> Self {
-        Row { line: String::with_capacity(128), empty: true }
+        Row {
+            line: String::with_capacity(128),
+            empty: true,
+        }
     }
     fn sep(&mut self) {
         if !std::mem::replace(&mut self.empty, false) {
@@ -90,12 +93,18 @@ mod tests {
     fn days_convert() {
         assert_eq!(utc_day(0), "1970-01-01");
         assert_eq!(utc_day(951_782_400_000), "2000-02-29");
-        assert_eq!(utc_hour_minute(1_704_067_203_456 + 13 * 3_600_000 + 7 * 60_000), (13, 7));
+        assert_eq!(
+            utc_hour_minute(1_704_067_203_456 + 13 * 3_600_000 + 7 * 60_000),
+            (13, 7)
+        );
     }
 
     #[test]
     fn rows_quote_and_separate() {
-        assert_eq!(Row::new().int(1).str("a,b").float(0.5).done(), "1,\"a,b\",0.5");
+        assert_eq!(
+            Row::new().int(1).str("a,b").float(0.5).done(),
+            "1,\"a,b\",0.5"
+        );
         assert_eq!(Row::new().str("").int(2).done(), ",2");
     }
 }

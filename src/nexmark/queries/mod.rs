@@ -100,7 +100,11 @@ pub struct QueryOutput<'scope> {
 }
 
 /// Builds query `query` over `events`.
-pub fn build<'scope>(query: Query, events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
+pub fn build<'scope>(
+    query: Query,
+    events: &EventStream<'scope, Event>,
+    options: &QueryOptions,
+) -> QueryOutput<'scope> {
     match query.0 {
         0 => simple::q0(events),
         1 => simple::q1(events),

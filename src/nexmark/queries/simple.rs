@@ -7,29 +7,59 @@ use super::{bids, default_side_input, QueryKind, QueryOptions, QueryOutput};
 use crate::nexmark::model::{Bid, Event};
 use highwater_operators::EventStream;
 
-fn append<'scope>(header: &'static [&'static str], rows: EventStream<'scope, String>) -> QueryOutput<'scope> {
-    QueryOutput { header, rows, kind: QueryKind::Append, late: Vec::new() }
+fn append<'scope>(
+    header: &'static [&'static str],
+    rows: EventStream<'scope, String>,
+) -> QueryOutput<'scope> {
+    QueryOutput {
+        header,
+        rows,
+        kind: QueryKind::Append,
+        late: Vec::new(),
+    }
 }
 
 /// Every bid, unchanged.
 pub(super) fn q0<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'scope> {
     let rows = bids(events).map(|b: Bid| {
-        Row::new().int(b.auction).int(b.bidder).int(b.price).str(&b.channel).str(&b.url).int(b.date_time).str(&b.extra).done()
+        Row::new()
+            .int(b.auction)
+            .int(b.bidder)
+            .int(b.price)
+            .str(&b.channel)
+            .str(&b.url)
+            .int(b.date_time)
+            .str(&b.extra)
+            .done()
     });
-    append(&["auction", "bidder", "price", "channel", "url", "dateTime", "extra"], rows)
+    append(
+        &[
+            "auction", "bidder", "price", "channel", "url", "dateTime", "extra",
+        ],
+        rows,
+    )
 }
 
 /// Every bid with its price in euros.
 pub(super) fn q1<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'scope> {
-    let rows = bids(events)
-        .map(|b: Bid| Row::new().int(b.auction).int(b.bidder).str(&euros(b.price)).int(b.date_time).str(&b.extra).done());
+    let rows = bids(events).map(|b: Bid| {
+        Row::new()
+            .int(b.auction)
+            .int(b.bidder)
+            .str(&euros(b.price))
+            .int(b.date_time)
+            .str(&b.extra)
+            .done()
+    });
     append(&["auction", "bidder", "price", "dateTime", "extra"], rows)
 }
 
 /// Bids on auctions whose id is a multiple of 123.
 pub(super) fn q2<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'scope> {
     let rows = events.flat_map(|e| match e {
-        Event::Bid(b) if b.auction % 123 == 0 => Some(Row::new().int(b.auction).int(b.price).done()),
+        Event::Bid(b) if b.auction % 123 == 0 => {
+            Some(Row::new().int(b.auction).int(b.price).done())
+        }
         _ => None,
     });
     append(&["auction", "price"], rows)
@@ -38,22 +68,46 @@ pub(super) fn q2<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'sc
 /// Every bid, for files partitioned by UTC day and hour (the partition is
 /// derived from the `dateTime` column when written).
 pub(super) fn q10<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'scope> {
-    let rows = bids(events)
-        .map(|b: Bid| Row::new().int(b.auction).int(b.bidder).int(b.price).int(b.date_time).str(&b.extra).done());
+    let rows = bids(events).map(|b: Bid| {
+        Row::new()
+            .int(b.auction)
+            .int(b.bidder)
+            .int(b.price)
+            .int(b.date_time)
+            .str(&b.extra)
+            .done()
+    });
     append(&["auction", "bidder", "price", "dateTime", "extra"], rows)
 }
 
 /// The partition directory of a q10 row's `dateTime`: `dt=yyyy-MM-dd/hm=HH`.
 pub fn q10_partition(date_time: u64) -> String {
-    format!("dt={}/hm={:02}", utc_day(date_time), utc_hour_minute(date_time).0)
+    format!(
+        "dt={}/hm={:02}",
+        utc_day(date_time),
+        utc_hour_minute(date_time).0
+    )
 }
 
 /// Bids joined with a static side input on `auction % 10000`.
-pub(super) fn q13<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
-    let side = options.side_input.clone().unwrap_or_else(|| Arc::new(default_side_input()));
+pub(super) fn q13<'scope>(
+    events: &EventStream<'scope, Event>,
+    options: &QueryOptions,
+) -> QueryOutput<'scope> {
+    let side = options
+        .side_input
+        .clone()
+        .unwrap_or_else(|| Arc::new(default_side_input()));
     let rows = bids(events).flat_map(move |b: Bid| {
-        side.get(&(b.auction % 10_000))
-            .map(|value| Row::new().int(b.auction).int(b.bidder).int(b.price).int(b.date_time).str(value).done())
+        side.get(&(b.auction % 10_000)).map(|value| {
+            Row::new()
+                .int(b.auction)
+                .int(b.bidder)
+                .int(b.price)
+                .int(b.date_time)
+                .str(value)
+                .done()
+        })
     });
     append(&["auction", "bidder", "price", "dateTime", "value"], rows)
 }
@@ -85,7 +139,18 @@ pub(super) fn q14<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'s
                 .done(),
         )
     });
-    append(&["auction", "bidder", "price", "bidTimeType", "dateTime", "extra", "c_counts"], rows)
+    append(
+        &[
+            "auction",
+            "bidder",
+            "price",
+            "bidTimeType",
+            "dateTime",
+            "extra",
+            "c_counts",
+        ],
+        rows,
+    )
 }
 
 /// The channel id of a bid: fixed for the hot channels, else the url's
@@ -98,7 +163,10 @@ pub fn channel_id(channel: &str, url: &str) -> Option<String> {
         "baidu" => return Some("3".into()),
         _ => {}
     }
-    let at = url.find("&channel_id=").map(|i| i + 1).or_else(|| url.starts_with("channel_id=").then_some(0))?;
+    let at = url
+        .find("&channel_id=")
+        .map(|i| i + 1)
+        .or_else(|| url.starts_with("channel_id=").then_some(0))?;
     let value = &url[at + "channel_id=".len()..];
     Some(value.split('&').next().unwrap_or("").to_owned())
 }
@@ -106,18 +174,45 @@ pub fn channel_id(channel: &str, url: &str) -> Option<String> {
 /// Bids with a channel id.
 pub(super) fn q21<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'scope> {
     let rows = bids(events).flat_map(|b: Bid| {
-        channel_id(&b.channel, &b.url)
-            .map(|id| Row::new().int(b.auction).int(b.bidder).int(b.price).str(&b.channel).str(&id).done())
+        channel_id(&b.channel, &b.url).map(|id| {
+            Row::new()
+                .int(b.auction)
+                .int(b.bidder)
+                .int(b.price)
+                .str(&b.channel)
+                .str(&id)
+                .done()
+        })
     });
-    append(&["auction", "bidder", "price", "channel", "channel_id"], rows)
+    append(
+        &["auction", "bidder", "price", "channel", "channel_id"],
+        rows,
+    )
 }
 
 /// The first three path segments of the bid url.
 pub(super) fn q22<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'scope> {
     let rows = bids(events).map(|b: Bid| {
         let mut parts = b.url.split('/').skip(3);
-        let (d1, d2, d3) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-        Row::new().int(b.auction).int(b.bidder).int(b.price).str(&b.channel).str(d1).str(d2).str(d3).done()
+        let (d1, d2, d3) = (
+            parts.next().unwrap_or(""),
+            parts.next().unwrap_or(""),
+            parts.next().unwrap_or(""),
+        );
+        Row::new()
+            .int(b.auction)
+            .int(b.bidder)
+            .int(b.price)
+            .str(&b.channel)
+            .str(d1)
+            .str(d2)
+            .str(d3)
+            .done()
     });
-    append(&["auction", "bidder", "price", "channel", "dir1", "dir2", "dir3"], rows)
+    append(
+        &[
+            "auction", "bidder", "price", "channel", "dir1", "dir2", "dir3",
+        ],
+        rows,
+    )
 }

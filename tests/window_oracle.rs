@@ -196,12 +196,13 @@ fn windowed<'s, W: WindowSpec<Rec> + Clone>(
         .window(windows)
         .key_by(|r: &Rec| r.0)
         .allowed_lateness(lateness);
-    fn fmt<'s, O: 'static, F: Fn(&O) -> String + 'static>(
+    fn fmt<'s, O, F>(
         out: Windowed<'s, u8, O, Rec>,
         f: F,
     ) -> (EventStream<'s, String>, EventStream<'s, Rec>)
     where
         O: highwater_operators::key::Data,
+        F: Fn(&O) -> String + 'static,
     {
         let results = out.results.map(move |r| {
             format!(

@@ -13,7 +13,7 @@ use highwater::time::WatermarkStrategy;
 use highwater_operators::Counter;
 
 /// The generator configuration the Nexmark tests use: 30 s of event time.
-pub fn config(events: u64, out_of_order_ms: u64) -> GeneratorConfig {
+pub(crate) fn config(events: u64, out_of_order_ms: u64) -> GeneratorConfig {
     GeneratorConfig {
         events: Some(events),
         rate: 2_000.0,
@@ -23,14 +23,14 @@ pub fn config(events: u64, out_of_order_ms: u64) -> GeneratorConfig {
 }
 
 /// All events of a configuration, by number.
-pub fn events(config: &GeneratorConfig) -> Vec<Event> {
+pub(crate) fn events(config: &GeneratorConfig) -> Vec<Event> {
     let g = Generator::new(config.clone()).unwrap();
     (0..config.events.unwrap()).map(|n| g.event(n)).collect()
 }
 
 /// Runs `query` on the generator with `workers` workers; returns the final
 /// result (consolidated rows, sorted) and the number of late records.
-pub fn run_query(
+pub(crate) fn run_query(
     query: Query,
     config: &GeneratorConfig,
     workers: usize,
@@ -73,7 +73,7 @@ pub fn run_query(
 }
 
 /// Quotes a CSV field the canonical way.
-pub fn field(s: &str) -> String {
+pub(crate) fn field(s: &str) -> String {
     if s.contains([',', '"', '\r', '\n']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {

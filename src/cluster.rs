@@ -20,22 +20,12 @@ pub struct ClusterError {
 /// assert!(highwater::cluster::config_from_args(&["--frobnicate".into()]).is_err());
 /// ```
 pub fn config_from_args(args: &[String]) -> Result<timely::Config, ClusterError> {
-    let err = |reason: String| ClusterError {
-        args: args.to_vec(),
-        reason,
-    };
+    let err = |reason: String| ClusterError { args: args.to_vec(), reason };
     let mut iter = args.iter();
     while let Some(flag) = iter.next() {
-        if matches!(
-            flag.as_str(),
-            "-w" | "--threads" | "-n" | "--processes" | "-p" | "--process"
-        ) {
-            let value = iter
-                .next()
-                .ok_or_else(|| err(format!("{flag} needs a number")))?;
-            let n: usize = value
-                .parse()
-                .map_err(|_| err(format!("{flag} needs a number, got {value:?}")))?;
+        if matches!(flag.as_str(), "-w" | "--threads" | "-n" | "--processes" | "-p" | "--process") {
+            let value = iter.next().ok_or_else(|| err(format!("{flag} needs a number")))?;
+            let n: usize = value.parse().map_err(|_| err(format!("{flag} needs a number, got {value:?}")))?;
             if n == 0 && matches!(flag.as_str(), "-w" | "--threads" | "-n" | "--processes") {
                 return Err(err(format!("{flag} must be at least 1")));
             }
@@ -48,9 +38,7 @@ pub fn config_from_args(args: &[String]) -> Result<timely::Config, ClusterError>
 pub fn threads(config: &timely::Config) -> usize {
     match &config.communication {
         timely::CommunicationConfig::Thread => 1,
-        timely::CommunicationConfig::Process(n) | timely::CommunicationConfig::ProcessBinary(n) => {
-            *n
-        }
+        timely::CommunicationConfig::Process(n) | timely::CommunicationConfig::ProcessBinary(n) => *n,
         timely::CommunicationConfig::Cluster { threads, .. } => *threads,
     }
 }

@@ -23,12 +23,7 @@ pub struct DeadLetter {
 
 impl DeadLetter {
     /// A dead letter for `raw` bytes.
-    pub fn new(
-        origin: impl Into<String>,
-        offset: u64,
-        reason: impl Into<String>,
-        raw: &[u8],
-    ) -> Self {
+    pub fn new(origin: impl Into<String>, offset: u64, reason: impl Into<String>, raw: &[u8]) -> Self {
         let cut = &raw[..raw.len().min(MAX_RAW_BYTES)];
         DeadLetter {
             origin: origin.into(),
@@ -41,10 +36,6 @@ impl DeadLetter {
 
 impl std::fmt::Display for DeadLetter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}@{}: {}: {}",
-            self.origin, self.offset, self.reason, self.raw
-        )
+        write!(f, "{}@{}: {}: {}", self.origin, self.offset, self.reason, self.raw)
     }
 }

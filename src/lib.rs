@@ -24,9 +24,7 @@ pub use highwater_operators::{EventStream, Timestamp};
 pub mod prelude {
     pub use crate::dead_letter::DeadLetter;
     pub use crate::sink::{collect, write_lines, Collected, LineTarget, SinkMode};
-    pub use crate::source::{
-        read, JsonDecoder, JsonLines, MemorySource, Source, SourceMetrics, SourceOptions,
-    };
+    pub use crate::source::{read, JsonDecoder, JsonLines, MemorySource, Source, SourceMetrics, SourceOptions};
     pub use crate::time::{parse_duration, WatermarkStrategy};
     pub use highwater_operators::prelude::*;
 }

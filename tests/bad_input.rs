@@ -13,12 +13,7 @@ const GOOD_BID: &str = r#"{"event_type":2,"bid":{"auction":1000,"bidder":1001,"p
 /// The good bid with two bytes that are not UTF-8 in its `extra` string.
 fn non_utf8_bid() -> Vec<u8> {
     let at = GOOD_BID.find("xyz").unwrap();
-    [
-        &GOOD_BID.as_bytes()[..at],
-        b"x\xff\xfe",
-        &GOOD_BID.as_bytes()[at + 1..],
-    ]
-    .concat()
+    [&GOOD_BID.as_bytes()[..at], b"x\xff\xfe", &GOOD_BID.as_bytes()[at + 1..]].concat()
 }
 
 /// (line, the reason's telling part)
@@ -41,16 +36,10 @@ fn bad_lines() -> Vec<(Vec<u8>, &'static str)> {
 
 /// The fixture's good lines with the bad ones spread between them, and an empty line.
 fn mixed_file(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
-    let good =
-        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/events.jsonl"))
-            .unwrap();
+    let good = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/events.jsonl")).unwrap();
     let mut mixed = Vec::new();
     let bad = bad_lines();
-    for (i, line) in good
-        .split(|b| *b == b'\n')
-        .filter(|l| !l.is_empty())
-        .enumerate()
-    {
+    for (i, line) in good.split(|b| *b == b'\n').filter(|l| !l.is_empty()).enumerate() {
         mixed.extend_from_slice(line);
         mixed.push(b'\n');
         if i % 80 == 0 && i / 80 < bad.len() {
@@ -63,10 +52,7 @@ fn mixed_file(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
     }
     let path = dir.join("mixed.jsonl");
     std::fs::write(&path, mixed).unwrap();
-    (
-        path,
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/events.jsonl"),
-    )
+    (path, Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/events.jsonl"))
 }
 
 #[test]
@@ -80,17 +66,13 @@ fn every_bad_line_is_a_dead_letter_with_its_reason() {
     let mut dead: Vec<DeadLetter> = Vec::new();
     for p in 0..source.partitions().unwrap().len() {
         let mut reader = source.open(p, None).unwrap();
-        while reader.read(100, &mut events, &mut dead).unwrap() != ReadStatus::End {}
+        while reader.read(100, &mut |e| events.push(e), &mut dead).unwrap() != ReadStatus::End {}
     }
     assert_eq!(events.len(), 1000, "every good line is read once");
     let bad = bad_lines();
     assert_eq!(dead.len(), bad.len(), "{dead:#?}");
     for (letter, (line, reason)) in dead.iter().zip(&bad) {
-        assert!(
-            letter.reason.contains(reason),
-            "reason {:?} should mention {reason:?}",
-            letter.reason
-        );
+        assert!(letter.reason.contains(reason), "reason {:?} should mention {reason:?}", letter.reason);
         assert_eq!(letter.raw, String::from_utf8_lossy(line));
         assert!(letter.origin.ends_with("mixed.jsonl"));
     }
@@ -105,50 +87,20 @@ fn the_cli_writes_dead_letters_and_the_good_result() {
     let dead_path = dir.join("dead.jsonl");
     let run = |input: &Path, extra: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_highwater"))
-            .args([
-                "nexmark",
-                "--query",
-                "q4",
-                "--input",
-                input.to_str().unwrap(),
-            ])
+            .args(["nexmark", "--query", "q4", "--input", input.to_str().unwrap()])
             .args(extra)
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (
-            String::from_utf8(out.stdout).unwrap(),
-            String::from_utf8(out.stderr).unwrap(),
-        )
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
     };
     let (want, _) = run(&good, &[]);
-    let (got, stderr) = run(
-        &mixed,
-        &[
-            "--dead-letters",
-            dead_path.to_str().unwrap(),
-            "--",
-            "-w",
-            "2",
-        ],
-    );
+    let (got, stderr) = run(&mixed, &["--dead-letters", dead_path.to_str().unwrap(), "--", "-w", "2"]);
     assert_eq!(got, want, "the bad lines change nothing");
-    assert!(
-        stderr.contains(&format!("dead_letters={}", bad_lines().len())),
-        "{stderr}"
-    );
-    let letters: Vec<DeadLetter> = std::fs::read_to_string(&dead_path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    assert!(stderr.contains(&format!("dead_letters={}", bad_lines().len())), "{stderr}");
+    let letters: Vec<DeadLetter> =
+        std::fs::read_to_string(&dead_path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(letters.len(), bad_lines().len());
-    assert!(letters
-        .iter()
-        .any(|d| d.reason.contains("missing field `extra`")));
+    assert!(letters.iter().any(|d| d.reason.contains("missing field `extra`")));
     std::fs::remove_dir_all(&dir).unwrap();
 }

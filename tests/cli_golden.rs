@@ -10,17 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn golden(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/golden")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name)
 }
 
 /// Runs `highwater` with `args`; returns (success, stdout, stderr).
 fn highwater(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_highwater"))
-        .args(args)
-        .output()
-        .expect("running highwater");
+    let out = Command::new(env!("CARGO_BIN_EXE_highwater")).args(args).output().expect("running highwater");
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -34,10 +29,7 @@ fn canonical(csv: &str) -> String {
     let header = lines.next().unwrap_or_default().to_owned();
     let mut rows: Vec<&str> = lines.collect();
     rows.sort();
-    std::iter::once(header.as_str())
-        .chain(rows)
-        .map(|l| format!("{l}\n"))
-        .collect()
+    std::iter::once(header.as_str()).chain(rows).map(|l| format!("{l}\n")).collect()
 }
 
 fn check(query: &str) {
@@ -45,26 +37,11 @@ fn check(query: &str) {
     for file in ["events.jsonl", "events-ooo.jsonl"] {
         for workers in ["1", "2"] {
             let input = golden(file);
-            let (ok, stdout, stderr) = highwater(&[
-                "nexmark",
-                "--query",
-                query,
-                "--input",
-                input.to_str().unwrap(),
-                "--",
-                "-w",
-                workers,
-            ]);
+            let (ok, stdout, stderr) =
+                highwater(&["nexmark", "--query", query, "--input", input.to_str().unwrap(), "--", "-w", workers]);
             assert!(ok, "{query} on {file} failed: {stderr}");
-            assert_eq!(
-                canonical(&stdout),
-                want,
-                "{query} on {file} at {workers} workers differs from its golden file"
-            );
-            assert!(
-                stderr.contains("events=1000 "),
-                "summary line missing: {stderr}"
-            );
+            assert_eq!(canonical(&stdout), want, "{query} on {file} at {workers} workers differs from its golden file");
+            assert!(stderr.contains("events=1000 "), "summary line missing: {stderr}");
         }
     }
 }
@@ -79,10 +56,7 @@ golden_tests!(q3, q4, q5, q7, q8, q9, q11, q15, q18, q19);
 fn generated_events_equal_the_fixture() {
     let (ok, stdout, stderr) = highwater(&["generate", "--events", "1000", "--rate", "50"]);
     assert!(ok, "{stderr}");
-    assert_eq!(
-        stdout,
-        std::fs::read_to_string(golden("events.jsonl")).unwrap()
-    );
+    assert_eq!(stdout, std::fs::read_to_string(golden("events.jsonl")).unwrap());
 }
 
 #[test]
@@ -97,10 +71,7 @@ fn stdin_input_gives_the_same_result() {
     std::io::Write::write_all(&mut child.stdin.take().unwrap(), &input).unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
-    assert_eq!(
-        canonical(&String::from_utf8(out.stdout).unwrap()),
-        std::fs::read_to_string(golden("q5.csv")).unwrap()
-    );
+    assert_eq!(canonical(&String::from_utf8(out.stdout).unwrap()), std::fs::read_to_string(golden("q5.csv")).unwrap());
 }
 
 #[test]
@@ -130,30 +101,11 @@ fn q10_writes_partitioned_files() {
 fn bad_arguments_are_reported() {
     let (ok, _, stderr) = highwater(&["nexmark", "--query", "q99", "--events", "10"]);
     assert!(!ok && stderr.contains("unknown query"), "{stderr}");
-    let (ok, _, stderr) = highwater(&[
-        "nexmark",
-        "--query",
-        "q1",
-        "--events",
-        "10",
-        "--watermark-delay",
-        "soon",
-    ]);
+    let (ok, _, stderr) = highwater(&["nexmark", "--query", "q1", "--events", "10", "--watermark-delay", "soon"]);
     assert!(!ok && stderr.contains("invalid duration"), "{stderr}");
-    let (ok, _, stderr) = highwater(&[
-        "nexmark",
-        "--query",
-        "q1",
-        "--input",
-        "/nonexistent/events.jsonl",
-    ]);
-    assert!(
-        !ok && stderr.contains("/nonexistent/events.jsonl"),
-        "{stderr}"
-    );
-    let (ok, _, stderr) = highwater(&[
-        "nexmark", "--query", "q1", "--events", "10", "--", "-w", "zero",
-    ]);
+    let (ok, _, stderr) = highwater(&["nexmark", "--query", "q1", "--input", "/nonexistent/events.jsonl"]);
+    assert!(!ok && stderr.contains("/nonexistent/events.jsonl"), "{stderr}");
+    let (ok, _, stderr) = highwater(&["nexmark", "--query", "q1", "--events", "10", "--", "-w", "zero"]);
     assert!(!ok && stderr.contains("-w needs a number"), "{stderr}");
 }
 
@@ -173,13 +125,7 @@ fn late_records_are_counted_not_lost() {
         "10",
     ]);
     assert!(ok, "{stderr}");
-    let late: u64 = stderr
-        .split("late=")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .unwrap()
-        .parse()
-        .unwrap();
+    let late: u64 = stderr.split("late=").nth(1).and_then(|s| s.split_whitespace().next()).unwrap().parse().unwrap();
     assert!(late > 0, "stragglers should be late: {stderr}");
     assert!(stdout.lines().count() > 1);
     // With enough lateness allowed, the result is the golden one again.
@@ -198,8 +144,5 @@ fn late_records_are_counted_not_lost() {
     ]);
     assert!(ok, "{stderr}");
     assert!(stderr.contains(" late=0 "), "{stderr}");
-    assert_eq!(
-        canonical(&stdout),
-        std::fs::read_to_string(golden("q7.csv")).unwrap()
-    );
+    assert_eq!(canonical(&stdout), std::fs::read_to_string(golden("q7.csv")).unwrap());
 }

@@ -23,20 +23,7 @@ fn day(ms: u64) -> String {
         days -= if leap(year) { 366 } else { 365 };
         year += 1;
     }
-    let lengths = [
-        31,
-        if leap(year) { 29 } else { 28 },
-        31,
-        30,
-        31,
-        30,
-        31,
-        31,
-        30,
-        31,
-        30,
-        31,
-    ];
+    let lengths = [31, if leap(year) { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
     let mut month = 0;
     while days >= lengths[month] {
         days -= lengths[month];
@@ -51,12 +38,7 @@ fn hour(ms: u64) -> u64 {
 
 fn euro(price: i64) -> String {
     let t = price as i128 * 908;
-    format!(
-        "{}{}.{:03}",
-        if t < 0 { "-" } else { "" },
-        t.abs() / 1000,
-        t.abs() % 1000
-    )
+    format!("{}{}.{:03}", if t < 0 { "-" } else { "" }, t.abs() / 1000, t.abs() % 1000)
 }
 
 fn row(fields: &[String]) -> String {
@@ -74,15 +56,11 @@ struct Data {
 }
 
 fn split(events: &[Event]) -> Data {
-    let mut d = Data {
-        persons: vec![],
-        auctions: vec![],
-        bids: vec![],
-    };
+    let mut d = Data { persons: vec![], auctions: vec![], bids: vec![] };
     for e in events {
         match e {
-            Event::Person(p) => d.persons.push(p.clone()),
-            Event::Auction(a) => d.auctions.push(a.clone()),
+            Event::Person(p) => d.persons.push((**p).clone()),
+            Event::Auction(a) => d.auctions.push((**a).clone()),
             Event::Bid(b) => d.bids.push(b.clone()),
         }
     }
@@ -97,14 +75,7 @@ fn winners(d: &Data) -> Vec<(&Auction, &Bid)> {
             .bids
             .iter()
             .filter(|b| b.auction == a.id && a.date_time <= b.date_time && b.date_time <= a.expires)
-            .max_by_key(|b| {
-                (
-                    b.price,
-                    Reverse(b.date_time),
-                    Reverse(b.bidder),
-                    Reverse(b.extra.clone()),
-                )
-            });
+            .max_by_key(|b| (b.price, Reverse(b.date_time), Reverse(b.bidder), Reverse(b.extra.clone())));
         if let Some(b) = best {
             out.push((a, b));
         }
@@ -126,20 +97,10 @@ fn rank(price: i64) -> usize {
 fn counts(bids: &[&Bid]) -> Vec<String> {
     let mut out = vec![bids.len().to_string()];
     for r in 1..=3 {
-        out.push(
-            bids.iter()
-                .filter(|b| rank(b.price) == r)
-                .count()
-                .to_string(),
-        );
+        out.push(bids.iter().filter(|b| rank(b.price) == r).count().to_string());
     }
     let distinct = |f: &dyn Fn(&Bid) -> i64, r: usize| {
-        bids.iter()
-            .filter(|b| r == 0 || rank(b.price) == r)
-            .map(|b| f(b))
-            .collect::<BTreeSet<_>>()
-            .len()
-            .to_string()
+        bids.iter().filter(|b| r == 0 || rank(b.price) == r).map(|b| f(b)).collect::<BTreeSet<_>>().len().to_string()
     };
     for r in 0..=3 {
         out.push(distinct(&|b| b.bidder, r));
@@ -156,49 +117,14 @@ fn expected(query: u8, events: &[Event]) -> Vec<String> {
         0 => d
             .bids
             .iter()
-            .map(|b| {
-                r!(
-                    b.auction,
-                    b.bidder,
-                    b.price,
-                    field(&b.channel),
-                    field(&b.url),
-                    b.date_time,
-                    field(&b.extra)
-                )
-            })
+            .map(|b| r!(b.auction, b.bidder, b.price, field(&b.channel), field(&b.url), b.date_time, field(&b.extra)))
             .collect(),
-        1 => d
-            .bids
-            .iter()
-            .map(|b| {
-                r!(
-                    b.auction,
-                    b.bidder,
-                    euro(b.price),
-                    b.date_time,
-                    field(&b.extra)
-                )
-            })
-            .collect(),
-        2 => d
-            .bids
-            .iter()
-            .filter(|b| b.auction % 123 == 0)
-            .map(|b| r!(b.auction, b.price))
-            .collect(),
+        1 => d.bids.iter().map(|b| r!(b.auction, b.bidder, euro(b.price), b.date_time, field(&b.extra))).collect(),
+        2 => d.bids.iter().filter(|b| b.auction % 123 == 0).map(|b| r!(b.auction, b.price)).collect(),
         3 => {
             let mut out = vec![];
-            for p in d
-                .persons
-                .iter()
-                .filter(|p| ["OR", "ID", "CA"].contains(&p.state.as_str()))
-            {
-                for a in d
-                    .auctions
-                    .iter()
-                    .filter(|a| a.category == 10 && a.seller == p.id)
-                {
+            for p in d.persons.iter().filter(|p| ["OR", "ID", "CA"].contains(&p.state.as_str())) {
+                for a in d.auctions.iter().filter(|a| a.category == 10 && a.seller == p.id) {
                     out.push(r!(field(&p.name), field(&p.city), field(&p.state), a.id));
                 }
             }
@@ -210,13 +136,7 @@ fn expected(query: u8, events: &[Event]) -> Vec<String> {
                 per.entry(a.category).or_default().push(b.price);
             }
             per.into_iter()
-                .map(|(c, prices)| {
-                    r!(
-                        c,
-                        prices.iter().map(|p| *p as i128).sum::<i128>() as f64
-                            / prices.len() as f64
-                    )
-                })
+                .map(|(c, prices)| r!(c, prices.iter().map(|p| *p as i128).sum::<i128>() as f64 / prices.len() as f64))
                 .collect()
         }
         5 => {
@@ -224,11 +144,7 @@ fn expected(query: u8, events: &[Event]) -> Vec<String> {
             for b in &d.bids {
                 let mut start = b.date_time - b.date_time % 2000;
                 loop {
-                    *per_window
-                        .entry(start)
-                        .or_default()
-                        .entry(b.auction)
-                        .or_default() += 1;
+                    *per_window.entry(start).or_default().entry(b.auction).or_default() += 1;
                     if start < 2000 || start - 2000 + 10_000 <= b.date_time {
                         break;
                     }
@@ -247,41 +163,26 @@ fn expected(query: u8, events: &[Event]) -> Vec<String> {
         6 => {
             let mut per: BTreeMap<i64, Vec<(u64, i64, i64)>> = BTreeMap::new();
             for (a, b) in winners(&d) {
-                per.entry(a.seller)
-                    .or_default()
-                    .push((a.expires, a.id, b.price));
+                per.entry(a.seller).or_default().push((a.expires, a.id, b.price));
             }
             per.into_iter()
                 .map(|(seller, mut closed)| {
                     closed.sort();
                     let last: Vec<_> = closed.iter().rev().take(10).collect();
-                    r!(
-                        seller,
-                        last.iter().map(|c| c.2 as i128).sum::<i128>() as f64 / last.len() as f64
-                    )
+                    r!(seller, last.iter().map(|c| c.2 as i128).sum::<i128>() as f64 / last.len() as f64)
                 })
                 .collect()
         }
         7 => {
             let mut per: BTreeMap<u64, Vec<&Bid>> = BTreeMap::new();
             for b in &d.bids {
-                per.entry(b.date_time / 10_000 * 10_000)
-                    .or_default()
-                    .push(b);
+                per.entry(b.date_time / 10_000 * 10_000).or_default().push(b);
             }
             let mut out = vec![];
             for (start, bids) in per {
                 let max = bids.iter().map(|b| b.price).max().unwrap();
                 for b in bids.iter().filter(|b| b.price == max) {
-                    out.push(r!(
-                        start,
-                        start + 10_000,
-                        b.auction,
-                        b.bidder,
-                        b.price,
-                        b.date_time,
-                        field(&b.extra)
-                    ));
+                    out.push(r!(start, start + 10_000, b.auction, b.bidder, b.price, b.date_time, field(&b.extra)));
                 }
             }
             out
@@ -290,10 +191,7 @@ fn expected(query: u8, events: &[Event]) -> Vec<String> {
             let mut out = BTreeSet::new();
             for p in &d.persons {
                 let w = p.date_time / 10_000;
-                if d.auctions
-                    .iter()
-                    .any(|a| a.seller == p.id && a.date_time / 10_000 == w)
-                {
+                if d.auctions.iter().any(|a| a.seller == p.id && a.date_time / 10_000 == w) {
                     out.insert(r!(w * 10_000, w * 10_000 + 10_000, p.id, field(&p.name)));
                 }
             }
@@ -316,11 +214,7 @@ fn expected(query: u8, events: &[Event]) -> Vec<String> {
                 )
             })
             .collect(),
-        10 => d
-            .bids
-            .iter()
-            .map(|b| r!(b.auction, b.bidder, b.price, b.date_time, field(&b.extra)))
-            .collect(),
+        10 => d.bids.iter().map(|b| r!(b.auction, b.bidder, b.price, b.date_time, field(&b.extra))).collect(),
         11 => {
             let mut per: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
             for b in &d.bids {
@@ -346,15 +240,7 @@ fn expected(query: u8, events: &[Event]) -> Vec<String> {
         13 => d
             .bids
             .iter()
-            .map(|b| {
-                r!(
-                    b.auction,
-                    b.bidder,
-                    b.price,
-                    b.date_time,
-                    format!("value-{}", b.auction % 10_000)
-                )
-            })
+            .map(|b| r!(b.auction, b.bidder, b.price, b.date_time, format!("value-{}", b.auction % 10_000)))
             .collect(),
         14 => d
             .bids
@@ -369,15 +255,7 @@ fn expected(query: u8, events: &[Event]) -> Vec<String> {
                     0..=6 | 20..=23 => "nightTime",
                     _ => "otherTime",
                 };
-                r!(
-                    b.auction,
-                    b.bidder,
-                    euro(b.price),
-                    kind,
-                    b.date_time,
-                    field(&b.extra),
-                    b.extra.matches('c').count()
-                )
+                r!(b.auction, b.bidder, euro(b.price), kind, b.date_time, field(&b.extra), b.extra.matches('c').count())
             })
             .collect(),
         15 => {
@@ -385,41 +263,31 @@ fn expected(query: u8, events: &[Event]) -> Vec<String> {
             for b in &d.bids {
                 per.entry(day(b.date_time)).or_default().push(b);
             }
-            per.into_iter()
-                .map(|(k, bids)| [vec![k], counts(&bids)].concat().join(","))
-                .collect()
+            per.into_iter().map(|(k, bids)| [vec![k], counts(&bids)].concat().join(",")).collect()
         }
         16 => {
             let mut per: BTreeMap<(String, String), Vec<&Bid>> = BTreeMap::new();
             for b in &d.bids {
-                per.entry((b.channel.to_string(), day(b.date_time)))
-                    .or_default()
-                    .push(b);
+                per.entry((b.channel.to_string(), day(b.date_time))).or_default().push(b);
             }
             per.into_iter()
                 .map(|((c, k), bids)| {
                     let latest = bids.iter().map(|b| b.date_time % 86_400_000).max().unwrap();
                     let minute = format!("{:02}:{:02}", latest / 3_600_000, latest / 60_000 % 60);
-                    [vec![field(&c), k, minute], counts(&bids)]
-                        .concat()
-                        .join(",")
+                    [vec![field(&c), k, minute], counts(&bids)].concat().join(",")
                 })
                 .collect()
         }
         17 => {
             let mut per: BTreeMap<(i64, String), Vec<&Bid>> = BTreeMap::new();
             for b in &d.bids {
-                per.entry((b.auction, day(b.date_time)))
-                    .or_default()
-                    .push(b);
+                per.entry((b.auction, day(b.date_time))).or_default().push(b);
             }
             per.into_iter()
                 .map(|((a, k), bids)| {
                     let prices: Vec<i64> = bids.iter().map(|b| b.price).collect();
                     let sum: i64 = prices.iter().sum();
-                    let ranks: Vec<usize> = (1..=3)
-                        .map(|r| prices.iter().filter(|p| rank(**p) == r).count())
-                        .collect();
+                    let ranks: Vec<usize> = (1..=3).map(|r| prices.iter().filter(|p| rank(**p) == r).count()).collect();
                     r!(
                         a,
                         k,
@@ -445,15 +313,7 @@ fn expected(query: u8, events: &[Event]) -> Vec<String> {
             }
             per.values()
                 .map(|b| {
-                    r!(
-                        b.auction,
-                        b.bidder,
-                        b.price,
-                        field(&b.channel),
-                        field(&b.url),
-                        b.date_time,
-                        field(&b.extra)
-                    )
+                    r!(b.auction, b.bidder, b.price, field(&b.channel), field(&b.url), b.date_time, field(&b.extra))
                 })
                 .collect()
         }
@@ -472,14 +332,7 @@ fn expected(query: u8, events: &[Event]) -> Vec<String> {
                         .then(x.extra.cmp(&y.extra))
                 });
                 for (i, b) in bids.iter().take(10).enumerate() {
-                    out.push(r!(
-                        a,
-                        b.bidder,
-                        b.price,
-                        b.date_time,
-                        field(&b.extra),
-                        i + 1
-                    ));
+                    out.push(r!(a, b.bidder, b.price, b.date_time, field(&b.extra), i + 1));
                 }
             }
             out
@@ -521,10 +374,7 @@ fn expected(query: u8, events: &[Event]) -> Vec<String> {
                     "Baidu" => "3".to_string(),
                     _ => {
                         let (_, query) = b.url.split_once('?')?;
-                        query
-                            .split('&')
-                            .find_map(|kv| kv.strip_prefix("channel_id="))?
-                            .to_string()
+                        query.split('&').find_map(|kv| kv.strip_prefix("channel_id="))?.to_string()
                     }
                 };
                 Some(r!(b.auction, b.bidder, b.price, field(&b.channel), id))
@@ -536,15 +386,7 @@ fn expected(query: u8, events: &[Event]) -> Vec<String> {
             .map(|b| {
                 let path = b.url.trim_start_matches("https://www.nexmark.com/");
                 let dirs: Vec<&str> = path.split('/').collect();
-                r!(
-                    b.auction,
-                    b.bidder,
-                    b.price,
-                    field(&b.channel),
-                    dirs[0],
-                    dirs[1],
-                    dirs[2]
-                )
+                r!(b.auction, b.bidder, b.price, field(&b.channel), dirs[0], dirs[1], dirs[2])
             })
             .collect(),
         q => panic!("no oracle for q{q}"),
@@ -558,14 +400,8 @@ fn check(query: u8, workers: usize, out_of_order_ms: u64) {
     let events = common::events(&config);
     let want = expected(query, &events);
     let (got, late) = run_query(Query(query), &config, workers, QueryOptions::default());
-    assert_eq!(
-        late, 0,
-        "q{query}: nothing is late within the watermark delay"
-    );
-    assert!(
-        !want.is_empty(),
-        "q{query}: the test data should give a non-empty result"
-    );
+    assert_eq!(late, 0, "q{query}: nothing is late within the watermark delay");
+    assert!(!want.is_empty(), "q{query}: the test data should give a non-empty result");
     if got != want {
         let missing: Vec<_> = want.iter().filter(|r| !got.contains(r)).take(5).collect();
         let extra: Vec<_> = got.iter().filter(|r| !want.contains(r)).take(5).collect();

@@ -32,13 +32,7 @@ struct Case {
 }
 
 fn case(max_partitions: usize) -> impl Strategy<Value = Case> {
-    let record = (
-        0u8..4,
-        0i64..50,
-        0u64..400,
-        0u64..100,
-        prop::bool::weighted(0.1),
-    );
+    let record = (0u8..4, 0i64..50, 0u64..400, 0u64..100, prop::bool::weighted(0.1));
     let partition = prop::collection::vec(record, 0..60).prop_map(|raw| {
         // Mostly increasing times, some a little out of order, a few very late;
         // multiples of 5 so that times often fall exactly on window and lateness bounds.
@@ -46,11 +40,7 @@ fn case(max_partitions: usize) -> impl Strategy<Value = Case> {
         raw.into_iter()
             .map(|(k, v, step, back, very_late)| {
                 clock += step % 8 * 5;
-                let t = if very_late {
-                    clock.saturating_sub(back * 20)
-                } else {
-                    clock.saturating_sub(back % 6 * 5)
-                };
+                let t = if very_late { clock.saturating_sub(back * 20) } else { clock.saturating_sub(back % 6 * 5) };
                 (k, v, t)
             })
             .collect::<Vec<_>>()
@@ -62,12 +52,7 @@ fn case(max_partitions: usize) -> impl Strategy<Value = Case> {
         prop::sample::select(vec![0u64, 0, 25, 200]),
         1usize..5,
     )
-        .prop_map(|(partitions, bound, lateness, batch)| Case {
-            partitions,
-            bound,
-            lateness,
-            batch,
-        })
+        .prop_map(|(partitions, bound, lateness, batch)| Case { partitions, bound, lateness, batch })
 }
 
 /// Each record with the watermark it was read under.
@@ -112,15 +97,7 @@ where
                 batch_size: batch,
                 ..Default::default()
             };
-            let streams = read(
-                scope,
-                source,
-                |r: &Rec| r.2,
-                options,
-                &SourceMetrics::default(),
-                None,
-            )
-            .unwrap();
+            let streams = read(scope, source, |r: &Rec| r.2, options, &SourceMetrics::default(), None).unwrap();
             let (results, late) = build(&streams.events, lateness);
             collect(&results, &r);
             collect(&late, &l);
@@ -147,17 +124,8 @@ enum Agg {
     Fold,
 }
 
-const AGGS: [Agg; 9] = [
-    Agg::Count,
-    Agg::Sum,
-    Agg::Min,
-    Agg::Max,
-    Agg::Avg,
-    Agg::Distinct,
-    Agg::Top3,
-    Agg::MaxBy,
-    Agg::Fold,
-];
+const AGGS: [Agg; 9] =
+    [Agg::Count, Agg::Sum, Agg::Min, Agg::Max, Agg::Avg, Agg::Distinct, Agg::Top3, Agg::MaxBy, Agg::Fold];
 
 /// The reference value of an aggregation over the values of a window.
 fn reference(agg: Agg, values: &[i64]) -> String {
@@ -168,19 +136,10 @@ fn reference(agg: Agg, values: &[i64]) -> String {
         Agg::Sum => format!("{}", values.iter().sum::<i64>()),
         Agg::Min => format!("{}", sorted[0]),
         Agg::Max => format!("{}", sorted[sorted.len() - 1]),
-        Agg::Avg => format!(
-            "{:?}",
-            values.iter().sum::<i64>() as f64 / values.len() as f64
-        ),
+        Agg::Avg => format!("{:?}", values.iter().sum::<i64>() as f64 / values.len() as f64),
         Agg::Distinct => format!("{}", sorted.iter().collect::<BTreeSet<_>>().len()),
         Agg::Top3 => format!("{:?}", sorted.iter().rev().take(3).collect::<Vec<_>>()),
-        Agg::MaxBy => format!(
-            "{}",
-            sorted
-                .iter()
-                .filter(|v| **v == sorted[sorted.len() - 1])
-                .count()
-        ),
+        Agg::MaxBy => format!("{}", sorted.iter().filter(|v| **v == sorted[sorted.len() - 1]).count()),
         Agg::Fold => format!("{}", values.iter().map(|v| v * v).sum::<i64>()),
     }
 }
@@ -192,47 +151,27 @@ fn windowed<'s, W: WindowSpec<Rec> + Clone>(
     lateness: u64,
     agg: Agg,
 ) -> (EventStream<'s, String>, EventStream<'s, Rec>) {
-    let w = stream
-        .window(windows)
-        .key_by(|r: &Rec| r.0)
-        .allowed_lateness(lateness);
-    fn fmt<'s, O, F>(
-        out: Windowed<'s, u8, O, Rec>,
-        f: F,
-    ) -> (EventStream<'s, String>, EventStream<'s, Rec>)
+    let w = stream.window(windows).key_by(|r: &Rec| r.0).allowed_lateness(lateness);
+    fn fmt<'s, O, F>(out: Windowed<'s, u8, O, Rec>, f: F) -> (EventStream<'s, String>, EventStream<'s, Rec>)
     where
         O: highwater_operators::key::Data,
         F: Fn(&O) -> String + 'static,
     {
-        let results = out.results.map(move |r| {
-            format!(
-                "{}|{}|{}|{}",
-                r.window.start,
-                r.window.end,
-                r.key,
-                f(&r.value)
-            )
-        });
+        let results =
+            out.results.map(move |r| format!("{}|{}|{}|{}", r.window.start, r.window.end, r.key, f(&r.value)));
         (results, out.late.stream)
     }
     match agg {
         Agg::Count => fmt(w.aggregate(Count), |v| format!("{v}")),
         Agg::Sum => fmt(w.aggregate(Sum::of(|r: &Rec| r.1)), |v| format!("{v}")),
-        Agg::Min => fmt(w.aggregate(Min::append_only(|r: &Rec| r.1)), |v| {
-            format!("{v}")
-        }),
+        Agg::Min => fmt(w.aggregate(Min::append_only(|r: &Rec| r.1)), |v| format!("{v}")),
         Agg::Max => fmt(w.aggregate(Max::of(|r: &Rec| r.1)), |v| format!("{v}")),
         Agg::Avg => fmt(w.aggregate(Avg::of(|r: &Rec| r.1)), |v| format!("{v:?}")),
-        Agg::Distinct => fmt(w.aggregate(DistinctCount::of(|r: &Rec| Some(r.1))), |v| {
-            format!("{v}")
-        }),
-        Agg::Top3 => fmt(w.aggregate(TopK::append_only(3, |r: &Rec| r.1)), |v| {
-            format!("{:?}", v.iter().collect::<Vec<_>>())
-        }),
-        Agg::MaxBy => fmt(
-            w.aggregate(MaxBy::append_only(|r: &Rec| r.1)),
-            |v: &Vec<Rec>| format!("{}", v.len()),
-        ),
+        Agg::Distinct => fmt(w.aggregate(DistinctCount::of(|r: &Rec| Some(r.1))), |v| format!("{v}")),
+        Agg::Top3 => {
+            fmt(w.aggregate(TopK::append_only(3, |r: &Rec| r.1)), |v| format!("{:?}", v.iter().collect::<Vec<_>>()))
+        }
+        Agg::MaxBy => fmt(w.aggregate(MaxBy::append_only(|r: &Rec| r.1)), |v: &Vec<Rec>| format!("{}", v.len())),
         Agg::Fold => fmt(
             w.aggregate(Fold::new(
                 0i64,
@@ -289,11 +228,7 @@ fn accepted(case: &Case) -> (Vec<Rec>, BTreeMap<Rec, i64>) {
     (keep, late)
 }
 
-fn reference_sessions(
-    case: &Case,
-    agg: Agg,
-    gap: u64,
-) -> (BTreeMap<String, i64>, BTreeMap<Rec, i64>) {
+fn reference_sessions(case: &Case, agg: Agg, gap: u64) -> (BTreeMap<String, i64>, BTreeMap<Rec, i64>) {
     let (records, late) = accepted(case);
     let mut per_key: BTreeMap<u8, Vec<(u64, i64)>> = BTreeMap::new();
     for r in records {
@@ -305,12 +240,7 @@ fn reference_sessions(
         let mut session: Vec<(u64, i64)> = Vec::new();
         let mut flush = |s: &Vec<(u64, i64)>| {
             let values: Vec<i64> = s.iter().map(|x| x.1).collect();
-            let key = format!(
-                "{}|{}|{k}|{}",
-                s[0].0,
-                s[s.len() - 1].0 + gap,
-                reference(agg, &values)
-            );
+            let key = format!("{}|{}|{k}|{}", s[0].0, s[s.len() - 1].0 + gap, reference(agg, &values));
             *results.entry(key).or_insert(0) += 1;
         };
         for r in recs {
@@ -349,13 +279,9 @@ fn reference_count(
             }
             let window = &recs[(i + 1).saturating_sub(size)..=i];
             let values: Vec<i64> = window.iter().map(|r| r.1).collect();
-            let (start, end) = (
-                window.iter().map(|r| r.2).min().unwrap(),
-                window.iter().map(|r| r.2).max().unwrap() + 1,
-            );
-            *results
-                .entry(format!("{start}|{end}|{k}|{}", reference(agg, &values)))
-                .or_insert(0) += 1;
+            let (start, end) =
+                (window.iter().map(|r| r.2).min().unwrap(), window.iter().map(|r| r.2).max().unwrap() + 1);
+            *results.entry(format!("{start}|{end}|{k}|{}", reference(agg, &values))).or_insert(0) += 1;
         }
     }
     (results, late)
@@ -368,40 +294,21 @@ fn tumbling(t: u64) -> Vec<(u64, u64)> {
 
 fn sliding(t: u64) -> Vec<(u64, u64)> {
     // size 60, slide 20
-    (0..=t / 20)
-        .map(|k| (k * 20, k * 20 + 60))
-        .filter(|(s, e)| *s <= t && t < *e)
-        .collect()
+    (0..=t / 20).map(|k| (k * 20, k * 20 + 60)).filter(|(s, e)| *s <= t && t < *e).collect()
 }
 
 fn check_aligned(case: &Case, agg: Agg, workers: usize, slide: bool) {
-    let want = if slide {
-        reference_aligned(case, agg, sliding)
-    } else {
-        reference_aligned(case, agg, tumbling)
-    };
+    let want = if slide { reference_aligned(case, agg, sliding) } else { reference_aligned(case, agg, tumbling) };
     let got = if slide {
-        run(case, workers, move |s, l| {
-            windowed(s, Sliding::of(60, 20), l, agg)
-        })
+        run(case, workers, move |s, l| windowed(s, Sliding::of(60, 20), l, agg))
     } else {
-        run(case, workers, move |s, l| {
-            windowed(s, Tumbling::of(50), l, agg)
-        })
+        run(case, workers, move |s, l| windowed(s, Tumbling::of(50), l, agg))
     };
-    assert_eq!(
-        got,
-        want,
-        "{agg:?} over {} windows at {workers} workers",
-        if slide { "sliding" } else { "tumbling" }
-    );
+    assert_eq!(got, want, "{agg:?} over {} windows at {workers} workers", if slide { "sliding" } else { "tumbling" });
 }
 
 fn cases() -> ProptestConfig {
-    ProptestConfig {
-        cases: 24,
-        ..ProptestConfig::default()
-    }
+    ProptestConfig { cases: 24, ..ProptestConfig::default() }
 }
 
 proptest! {
@@ -469,10 +376,7 @@ fn global_event_time_trigger_accumulates() {
     let mut runner = proptest::test_runner::TestRunner::new(cases());
     runner
         .run(&case(3), |case| {
-            let case = Case {
-                lateness: 0,
-                ..case
-            };
+            let case = Case { lateness: 0, ..case };
             let (records, late) = accepted(&case);
             let mut per_key: BTreeMap<u8, Vec<Rec>> = BTreeMap::new();
             for r in records {
@@ -489,19 +393,9 @@ fn global_event_time_trigger_accumulates() {
                 .collect();
             for workers in [1, 3] {
                 let got = run(&case, workers, |s, l| {
-                    windowed(
-                        s,
-                        GlobalWindows::with_trigger(EventTimeTrigger(50)),
-                        l,
-                        Agg::Sum,
-                    )
+                    windowed(s, GlobalWindows::with_trigger(EventTimeTrigger(50)), l, Agg::Sum)
                 });
-                prop_assert_eq!(
-                    &got,
-                    &(want.clone(), late.clone()),
-                    "at {} workers",
-                    workers
-                );
+                prop_assert_eq!(&got, &(want.clone(), late.clone()), "at {} workers", workers);
             }
             Ok(())
         })

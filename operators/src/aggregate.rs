@@ -165,7 +165,9 @@ fn merge_multisets<V: Ord>(acc: &mut BTreeMap<V, Diff>, other: BTreeMap<V, Diff>
 /// Panics with the invariant an append-only aggregate relies on.
 #[cold]
 fn append_only_violated(what: &str) -> ! {
-    panic!("{what}::append_only received a retraction: its input must be insert-only (use {what}::of for updating inputs)")
+    panic!(
+        "{what}::append_only received a retraction: its input must be insert-only (use {what}::of for updating inputs)"
+    )
 }
 
 macro_rules! extremum {
@@ -187,22 +189,14 @@ macro_rules! extremum {
             where
                 F: Fn(&D) -> V,
             {
-                $name {
-                    field,
-                    append_only: false,
-                    _value: PhantomData,
-                }
+                $name { field, append_only: false, _value: PhantomData }
             }
             /// Over `field(record)`, for insert-only inputs: constant state.
             pub fn append_only<D>(field: F) -> Self
             where
                 F: Fn(&D) -> V,
             {
-                $name {
-                    field,
-                    append_only: true,
-                    _value: PhantomData,
-                }
+                $name { field, append_only: true, _value: PhantomData }
             }
         }
 
@@ -251,10 +245,7 @@ macro_rules! extremum {
             }
             fn output(&self, acc: &Self::Acc) -> Option<V> {
                 if $is_max {
-                    acc.iter()
-                        .rev()
-                        .find(|(_, d)| **d > 0)
-                        .map(|(v, _)| v.clone())
+                    acc.iter().rev().find(|(_, d)| **d > 0).map(|(v, _)| v.clone())
                 } else {
                     acc.iter().find(|(_, d)| **d > 0).map(|(v, _)| v.clone())
                 }
@@ -263,20 +254,8 @@ macro_rules! extremum {
     };
 }
 
-extremum!(
-    Max,
-    "The maximum of a field.",
-    last_key_value,
-    true,
-    |a, b| a > b
-);
-extremum!(
-    Min,
-    "The minimum of a field.",
-    first_key_value,
-    false,
-    |a, b| a < b
-);
+extremum!(Max, "The maximum of a field.", last_key_value, true, |a, b| a > b);
+extremum!(Min, "The minimum of a field.", first_key_value, false, |a, b| a < b);
 
 /// All records whose `field` is the maximum (every tie), in arrival order.
 ///
@@ -296,22 +275,14 @@ impl<F, V> MaxBy<F, V> {
     where
         F: Fn(&D) -> V,
     {
-        MaxBy {
-            field,
-            append_only: false,
-            _value: PhantomData,
-        }
+        MaxBy { field, append_only: false, _value: PhantomData }
     }
     /// Records with the greatest `field(record)`, for insert-only inputs.
     pub fn append_only<D>(field: F) -> Self
     where
         F: Fn(&D) -> V,
     {
-        MaxBy {
-            field,
-            append_only: true,
-            _value: PhantomData,
-        }
+        MaxBy { field, append_only: true, _value: PhantomData }
     }
 }
 
@@ -394,10 +365,7 @@ impl<F, V> DistinctCount<F, V> {
     where
         F: Fn(&D) -> Option<V>,
     {
-        DistinctCount {
-            field,
-            _value: PhantomData,
-        }
+        DistinctCount { field, _value: PhantomData }
     }
 }
 
@@ -459,24 +427,14 @@ impl<F, V> TopK<F, V> {
     where
         F: Fn(&D) -> V,
     {
-        TopK {
-            k,
-            field,
-            append_only: false,
-            _value: PhantomData,
-        }
+        TopK { k, field, append_only: false, _value: PhantomData }
     }
     /// The `k` greatest `field(record)` of an insert-only input: keeps `k` values.
     pub fn append_only<D>(k: usize, field: F) -> Self
     where
         F: Fn(&D) -> V,
     {
-        TopK {
-            k,
-            field,
-            append_only: true,
-            _value: PhantomData,
-        }
+        TopK { k, field, append_only: true, _value: PhantomData }
     }
 
     fn trim(&self, acc: &mut BTreeMap<V, Diff>)
@@ -488,9 +446,7 @@ impl<F, V> TopK<F, V> {
         }
         let mut total: i64 = acc.values().sum();
         while total > self.k as i64 {
-            let mut first = acc
-                .first_entry()
-                .expect("a non-empty multiset has a first entry");
+            let mut first = acc.first_entry().expect("a non-empty multiset has a first entry");
             let excess = (total - self.k as i64).min(*first.get());
             *first.get_mut() -= excess;
             total -= excess;
@@ -574,10 +530,7 @@ impl<D: Data + PartialEq> Aggregate<D> for Collect {
         }
     }
     fn output(&self, acc: &Self::Acc) -> Option<Vec<D>> {
-        let out: Vec<D> = acc
-            .iter()
-            .flat_map(|(d, r)| std::iter::repeat_n(d.clone(), (*r).max(0) as usize))
-            .collect();
+        let out: Vec<D> = acc.iter().flat_map(|(d, r)| std::iter::repeat_n(d.clone(), (*r).max(0) as usize)).collect();
         (!out.is_empty()).then_some(out)
     }
 }
@@ -709,42 +662,26 @@ mod tests {
     #[test]
     fn max_by_reports_all_ties() {
         let agg = MaxBy::of(|x: &u64| *x / 10);
-        assert_eq!(
-            run(&agg, &[(11, 1), (25, 1), (21, 1), (3, 1)]),
-            Some(vec![25, 21])
-        );
+        assert_eq!(run(&agg, &[(11, 1), (25, 1), (21, 1), (3, 1)]), Some(vec![25, 21]));
         let agg = MaxBy::append_only(|x: &u64| *x / 10);
-        assert_eq!(
-            run(&agg, &[(11, 1), (25, 1), (21, 1), (3, 1)]),
-            Some(vec![25, 21])
-        );
+        assert_eq!(run(&agg, &[(11, 1), (25, 1), (21, 1), (3, 1)]), Some(vec![25, 21]));
     }
 
     #[test]
     fn top_k_keeps_repetitions() {
         let ups = [(1, 1), (5, 2), (3, 1), (4, 1)];
         assert_eq!(run(&TopK::of(3, |x: &u64| *x), &ups), Some(vec![5, 5, 4]));
-        assert_eq!(
-            run(&TopK::append_only(3, |x: &u64| *x), &ups),
-            Some(vec![5, 5, 4])
-        );
+        assert_eq!(run(&TopK::append_only(3, |x: &u64| *x), &ups), Some(vec![5, 5, 4]));
     }
 
     #[test]
     fn avg_is_sum_over_count() {
-        assert_eq!(
-            run(&Avg::of(|x: &u64| *x as i64), &[(1, 1), (2, 1), (4, 1)]),
-            Some(7.0 / 3.0)
-        );
+        assert_eq!(run(&Avg::of(|x: &u64| *x as i64), &[(1, 1), (2, 1), (4, 1)]), Some(7.0 / 3.0));
     }
 
     #[test]
     fn merge_equals_union() {
-        let agg = (
-            Count,
-            Sum::of(|x: &u64| *x as i64),
-            DistinctCount::of(|x: &u64| Some(*x)),
-        );
+        let agg = (Count, Sum::of(|x: &u64| *x as i64), DistinctCount::of(|x: &u64| Some(*x)));
         let mut a = agg.init();
         let mut b = agg.init();
         agg.update(&mut a, &1, 1);

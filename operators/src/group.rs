@@ -45,11 +45,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
     /// table.retain(|_, r| *r != 0);
     /// assert_eq!(table.into_iter().collect::<Vec<_>>(), vec![(('x', 7), 1), (('y', 1), 1)]);
     /// ```
-    pub fn aggregate_by_key<K, KF, A>(
-        &self,
-        key: KF,
-        aggregate: A,
-    ) -> EventStream<'scope, (K, A::Output)>
+    pub fn aggregate_by_key<K, KF, A>(&self, key: KF, aggregate: A) -> EventStream<'scope, (K, A::Output)>
     where
         K: Key,
         KF: Fn(&D) -> K + 'static,
@@ -59,12 +55,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
     }
 
     /// [`aggregate_by_key`](Self::aggregate_by_key) with an operator name.
-    pub fn aggregate_by_key_named<K, KF, A>(
-        &self,
-        name: &str,
-        key: KF,
-        agg: A,
-    ) -> EventStream<'scope, (K, A::Output)>
+    pub fn aggregate_by_key_named<K, KF, A>(&self, name: &str, key: KF, agg: A) -> EventStream<'scope, (K, A::Output)>
     where
         K: Key,
         KF: Fn(&D) -> K + 'static,
@@ -73,68 +64,63 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         let key = Rc::new(key);
         let key_route = Rc::clone(&key);
         let pact = Exchange::new(move |u: &Update<D>| route(&key_route(&u.0)));
-        let inner = self
-            .inner
-            .clone()
-            .unary_frontier(pact, name, move |_cap, _info| {
-                let mut table: StateMap<K, Entry<A::Acc, A::Output>> = StateMap::default();
-                // Input waiting for the watermark, by timely time.
-                let mut pending: BTreeMap<Timestamp, Vec<(K, D, i64)>> = BTreeMap::new();
-                let mut hold = Hold::default();
-                let mut dirty: Vec<K> = Vec::new();
-                move |(input, frontier), output| {
-                    input.for_each_stamp(|cap, data| {
-                        let arrived = arrival_time(&cap);
-                        let batch = pending.entry(arrived).or_insert_with(|| {
-                            hold.insert(arrived, &cap);
-                            Vec::new()
-                        });
-                        for updates in data {
-                            batch.extend(updates.drain(..).map(|(d, _t, r)| (key(&d), d, r)));
-                        }
+        let inner = self.inner.clone().unary_frontier(pact, name, move |_cap, _info| {
+            let mut table: StateMap<K, Entry<A::Acc, A::Output>> = StateMap::default();
+            // Input waiting for the watermark, by timely time.
+            let mut pending: BTreeMap<Timestamp, Vec<(K, D, i64)>> = BTreeMap::new();
+            let mut hold = Hold::default();
+            let mut dirty: Vec<K> = Vec::new();
+            move |(input, frontier), output| {
+                input.for_each_stamp(|cap, data| {
+                    let arrived = arrival_time(&cap);
+                    let batch = pending.entry(arrived).or_insert_with(|| {
+                        hold.insert(arrived, &cap);
+                        Vec::new()
                     });
-                    let watermark = watermark_of(frontier);
-                    while let Some(entry) = pending.first_entry() {
-                        if *entry.key() >= watermark {
-                            break;
-                        }
-                        let (time, updates) = entry.remove_entry();
-                        for (k, d, r) in updates {
-                            let (acc, _, changed) = table
-                                .entry(k.clone())
-                                .or_insert_with(|| (agg.init(), None, false));
-                            agg.update(acc, &d, r);
-                            if !*changed {
-                                *changed = true;
-                                dirty.push(k);
-                            }
-                        }
-                        let cap = hold.at(time);
-                        let mut session = output.session(&cap);
-                        for k in dirty.drain(..) {
-                            let Some((acc, emitted, changed)) = table.get_mut(&k) else {
-                                continue;
-                            };
-                            *changed = false;
-                            let new = agg.output(acc);
-                            if let Some(old) = emitted.take() {
-                                session.give(((k.clone(), old), time, -1));
-                            }
-                            match new {
-                                Some(value) => {
-                                    session.give(((k.clone(), value.clone()), time, 1));
-                                    *emitted = Some(value);
-                                }
-                                None => {
-                                    table.remove(&k);
-                                }
-                            }
-                        }
-                        hold.remove(time);
+                    for updates in data {
+                        batch.extend(updates.drain(..).map(|(d, _t, r)| (key(&d), d, r)));
                     }
-                    hold.settle(None);
+                });
+                let watermark = watermark_of(frontier);
+                while let Some(entry) = pending.first_entry() {
+                    if *entry.key() >= watermark {
+                        break;
+                    }
+                    let (time, updates) = entry.remove_entry();
+                    for (k, d, r) in updates {
+                        let (acc, _, changed) = table.entry(k.clone()).or_insert_with(|| (agg.init(), None, false));
+                        agg.update(acc, &d, r);
+                        if !*changed {
+                            *changed = true;
+                            dirty.push(k);
+                        }
+                    }
+                    let cap = hold.at(time);
+                    let mut session = output.session(&cap);
+                    for k in dirty.drain(..) {
+                        let Some((acc, emitted, changed)) = table.get_mut(&k) else {
+                            continue;
+                        };
+                        *changed = false;
+                        let new = agg.output(acc);
+                        if let Some(old) = emitted.take() {
+                            session.give(((k.clone(), old), time, -1));
+                        }
+                        match new {
+                            Some(value) => {
+                                session.give(((k.clone(), value.clone()), time, 1));
+                                *emitted = Some(value);
+                            }
+                            None => {
+                                table.remove(&k);
+                            }
+                        }
+                    }
+                    hold.remove(time);
                 }
-            });
+                hold.settle(None);
+            }
+        });
         EventStream::new(inner)
     }
 }

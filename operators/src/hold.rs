@@ -41,18 +41,12 @@ impl Hold {
 
     /// A capability to emit at `time`, which must not precede a promise still held.
     pub(crate) fn at(&self, time: Timestamp) -> Capability<Timestamp> {
-        self.cap
-            .as_ref()
-            .expect("output is only owed under a held capability")
-            .delayed(&time)
+        self.cap.as_ref().expect("output is only owed under a held capability").delayed(&time)
     }
 
     /// A capability to emit at `time`, or at the held time if that is later.
     pub(crate) fn at_or_after(&self, time: Timestamp) -> Capability<Timestamp> {
-        let cap = self
-            .cap
-            .as_ref()
-            .expect("output is only owed under a held capability");
+        let cap = self.cap.as_ref().expect("output is only owed under a held capability");
         cap.delayed(&time.max(*cap.time()))
     }
 
@@ -97,9 +91,7 @@ pub(crate) struct Waiting<D> {
 
 impl<D> Default for Waiting<D> {
     fn default() -> Self {
-        Waiting {
-            by_time: BTreeMap::new(),
-        }
+        Waiting { by_time: BTreeMap::new() }
     }
 }
 
@@ -114,10 +106,7 @@ impl<D> Waiting<D> {
         cap: &InputCapability<Timestamp>,
     ) {
         let needed = time.max(arrived);
-        let (records, emit_at) = self
-            .by_time
-            .entry(time)
-            .or_insert_with(|| (Vec::new(), Timestamp::MAX));
+        let (records, emit_at) = self.by_time.entry(time).or_insert_with(|| (Vec::new(), Timestamp::MAX));
         records.push(record);
         if needed < *emit_at {
             if *emit_at != Timestamp::MAX {

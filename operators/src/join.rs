@@ -1,6 +1,6 @@
 //! Joins of two event streams on a key: unwindowed, and by event-time interval.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 
 use timely::container::CapacityContainerBuilder;
@@ -26,9 +26,7 @@ pub struct Interval<F> {
 
 impl<F> std::fmt::Debug for Interval<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Interval")
-            .field("lead", &self.lead)
-            .finish_non_exhaustive()
+        f.debug_struct("Interval").field("lead", &self.lead).finish_non_exhaustive()
     }
 }
 
@@ -37,10 +35,7 @@ impl<F> std::fmt::Debug for Interval<F> {
 ///
 /// # Panics
 /// If `lower > upper`.
-pub fn between<L>(
-    lower: i64,
-    upper: i64,
-) -> Interval<impl Fn(&L, Timestamp) -> (Timestamp, Timestamp)> {
+pub fn between<L>(lower: i64, upper: i64) -> Interval<impl Fn(&L, Timestamp) -> (Timestamp, Timestamp)> {
     assert!(lower <= upper, "an interval join needs lower <= upper");
     let shift = move |t: Timestamp, by: i64| {
         if by >= 0 {
@@ -49,19 +44,13 @@ pub fn between<L>(
             t.saturating_sub(by.unsigned_abs())
         }
     };
-    Interval {
-        bounds: move |_: &L, t| (shift(t, lower), shift(t, upper)),
-        lead: lower.min(0).unsigned_abs(),
-    }
+    Interval { bounds: move |_: &L, t| (shift(t, lower), shift(t, upper)), lead: lower.min(0).unsigned_abs() }
 }
 
 /// Right times in a range computed from the left record, starting no earlier
 /// than `lead` ms before the left record's time: e.g. the bids of an auction,
 /// from its opening to its expiry, are `by_record(0, |a, t| (t, a.expires))`.
-pub fn by_record<L, F: Fn(&L, Timestamp) -> (Timestamp, Timestamp)>(
-    lead: u64,
-    bounds: F,
-) -> Interval<F> {
+pub fn by_record<L, F: Fn(&L, Timestamp) -> (Timestamp, Timestamp)>(lead: u64, bounds: F) -> Interval<F> {
     Interval { bounds, lead }
 }
 
@@ -86,38 +75,60 @@ struct Left<L> {
     diff: Diff,
 }
 
-/// Adds a record with its diff to a key's list, cancelling an equal one.
-fn add_to<T>(
-    list: &mut Vec<T>,
+/// The records one side holds for a key, in arrival order, and the time a
+/// release check is scheduled for them (`Timestamp::MAX`: none).
+#[derive(Debug)]
+struct Held<T> {
+    items: VecDeque<T>,
+    scheduled: Timestamp,
+}
+
+impl<T> Default for Held<T> {
+    fn default() -> Self {
+        Held { items: VecDeque::new(), scheduled: Timestamp::MAX }
+    }
+}
+
+/// Holds `item` for key `k`: insertions are appended; a retraction cancels an
+/// equal held record (or is held itself, to meet its insertion later).
+fn hold<K: Key, T>(
+    side: &mut StateMap<K, Held<T>>,
+    due: &mut BTreeMap<Timestamp, Vec<K>>,
+    k: K,
     item: T,
-    same: impl Fn(&T, &T) -> bool,
+    release_at: Timestamp,
+    cancels: impl Fn(&T, &T) -> bool,
     diff_of: impl Fn(&mut T) -> &mut Diff,
 ) {
     let mut item = item;
-    if let Some(existing) = list.iter_mut().find(|e| same(e, &item)) {
-        let d = *diff_of(&mut item);
-        *diff_of(existing) += d;
-        if *diff_of(existing) == 0 {
-            let pos = list
-                .iter()
-                .position(|e| same(e, &item))
-                .expect("found above");
-            list.swap_remove(pos);
+    let held = side.entry(k.clone()).or_default();
+    if *diff_of(&mut item) < 0 {
+        if let Some(pos) = held.items.iter().position(|e| cancels(e, &item)) {
+            let d = *diff_of(&mut item);
+            let existing = &mut held.items[pos];
+            *diff_of(existing) += d;
+            if *diff_of(existing) == 0 {
+                held.items.remove(pos);
+            }
+            return;
         }
-    } else {
-        list.push(item);
+    }
+    held.items.push_back(item);
+    if held.scheduled == Timestamp::MAX && release_at < END_OF_TIME {
+        held.scheduled = release_at;
+        due.entry(release_at).or_default().push(k);
     }
 }
 
-impl<L: PartialEq> PartialEq for Left<L> {
-    fn eq(&self, other: &Self) -> bool {
-        self.record == other.record && self.time == other.time
-    }
-}
-
-/// Forgets records of `key` whose release time `released(item)` the watermark has passed.
+/// Forgets held records whose release time the watermark has passed.
+///
+/// Records are released from the front of each key's list, in arrival order:
+/// a record behind one not yet released waits for it. Holding a record longer
+/// than needed is safe (no record that can still arrive in time matches it),
+/// and arrival order is close to release order, so this costs little memory
+/// and no scanning.
 fn release<K: Key, T>(
-    state: &mut StateMap<K, Vec<T>>,
+    side: &mut StateMap<K, Held<T>>,
     due: &mut BTreeMap<Timestamp, Vec<K>>,
     watermark: Timestamp,
     released: impl Fn(&T) -> Timestamp,
@@ -126,12 +137,24 @@ fn release<K: Key, T>(
         if *entry.key() > watermark {
             break;
         }
-        for k in entry.remove() {
-            if let Some(list) = state.get_mut(&k) {
-                list.retain(|item| released(item) > watermark);
-                if list.is_empty() {
-                    state.remove(&k);
+        let (time, keys) = entry.remove_entry();
+        for k in keys {
+            let Some(held) = side.get_mut(&k) else { continue };
+            if held.scheduled != time {
+                continue;
+            }
+            while held.items.front().is_some_and(|item| released(item) <= watermark) {
+                held.items.pop_front();
+            }
+            match held.items.front().map(&released) {
+                None => {
+                    side.remove(&k);
                 }
+                Some(next) if next < END_OF_TIME => {
+                    held.scheduled = next;
+                    due.entry(next).or_default().push(k);
+                }
+                Some(_) => held.scheduled = Timestamp::MAX,
             }
         }
     }
@@ -173,20 +196,9 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         KR: Fn(&R) -> K + 'static,
         F: Fn(&L, &R) -> O + 'static,
     {
-        let unbounded = Interval {
-            bounds: |_: &L, _| (0, END_OF_TIME),
-            lead: END_OF_TIME,
-        };
-        self.interval_join_core(
-            "Join",
-            other,
-            key_left,
-            key_right,
-            unbounded,
-            AllowedLateness(END_OF_TIME),
-            output,
-        )
-        .results
+        let unbounded = Interval { bounds: |_: &L, _| (0, END_OF_TIME), lead: END_OF_TIME };
+        self.interval_join_core("Join", other, key_left, key_right, unbounded, AllowedLateness(END_OF_TIME), output)
+            .results
     }
 
     /// Joins each left record with the right records of the same key whose
@@ -278,21 +290,17 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         let (results_out, results) = builder.new_output();
         let (late_left_out, late_left) = builder.new_output();
         let (late_right_out, late_right) = builder.new_output();
-        let mut results_out =
-            OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<O>>>>::from(results_out);
-        let mut late_left_out =
-            OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<L>>>>::from(late_left_out);
-        let mut late_right_out =
-            OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<R>>>>::from(late_right_out);
+        let mut results_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<O>>>>::from(results_out);
+        let mut late_left_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<L>>>>::from(late_left_out);
+        let mut late_right_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<R>>>>::from(late_right_out);
         let (count_left, count_right) = (Counter::new(), Counter::new());
         let (counter_left, counter_right) = (count_left.clone(), count_right.clone());
         let Interval { bounds, lead } = interval;
-        let right_release =
-            move |t: Timestamp| lateness.release_at(t.saturating_add(lead).saturating_add(1));
+        let right_release = move |t: Timestamp| lateness.release_at(t.saturating_add(lead).saturating_add(1));
 
         builder.build(move |_initial_capabilities| {
-            let mut lefts: StateMap<K, Vec<Left<L>>> = StateMap::default();
-            let mut rights: StateMap<K, Vec<(R, Timestamp, Diff)>> = StateMap::default();
+            let mut lefts: StateMap<K, Held<Left<L>>> = StateMap::default();
+            let mut rights: StateMap<K, Held<(R, Timestamp, Diff)>> = StateMap::default();
             let mut left_due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
             let mut right_due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
 
@@ -313,34 +321,17 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                             }
                             let (lo, hi) = bounds(&record, time);
                             let k = key_left(&record);
-                            if let Some(list) = rights.get(&k) {
-                                for (r, rt, rd) in list.iter() {
+                            if let Some(held) = rights.get(&k) {
+                                for (r, rt, rd) in held.items.iter() {
                                     if lo <= *rt && *rt <= hi {
-                                        session.give((
-                                            output(&record, r),
-                                            time.max(*rt),
-                                            diff * rd,
-                                        ));
+                                        session.give((output(&record, r), time.max(*rt), diff * rd));
                                     }
                                 }
                             }
                             let release_at = lateness.release_at(hi.saturating_add(1));
-                            if release_at < END_OF_TIME {
-                                left_due.entry(release_at).or_default().push(k.clone());
-                            }
-                            let list = lefts.entry(k).or_default();
-                            add_to(
-                                list,
-                                Left {
-                                    record,
-                                    time,
-                                    lo,
-                                    hi,
-                                    diff,
-                                },
-                                |a, b| a == b,
-                                |e| &mut e.diff,
-                            );
+                            let left = Left { record, time, lo, hi, diff };
+                            let same = |a: &Left<L>, b: &Left<L>| a.record == b.record && a.time == b.time;
+                            hold(&mut lefts, &mut left_due, k, left, release_at, same, |e| &mut e.diff);
                         }
                     }
                 });
@@ -356,40 +347,25 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                                 continue;
                             }
                             let k = key_right(&record);
-                            if let Some(list) = lefts.get(&k) {
-                                for l in list.iter() {
+                            if let Some(held) = lefts.get(&k) {
+                                for l in held.items.iter() {
                                     if l.lo <= time && time <= l.hi {
-                                        session.give((
-                                            output(&l.record, &record),
-                                            time.max(l.time),
-                                            l.diff * diff,
-                                        ));
+                                        session.give((output(&l.record, &record), time.max(l.time), l.diff * diff));
                                     }
                                 }
                             }
                             let release_at = right_release(time);
-                            if release_at < END_OF_TIME {
-                                right_due.entry(release_at).or_default().push(k.clone());
-                            }
-                            let list = rights.entry(k).or_default();
-                            add_to(
-                                list,
-                                (record, time, diff),
-                                |a, b| a.0 == b.0 && a.1 == b.1,
-                                |e| &mut e.2,
-                            );
+                            let right = (record, time, diff);
+                            let same = |a: &(R, Timestamp, Diff), b: &(R, Timestamp, Diff)| a.0 == b.0 && a.1 == b.1;
+                            hold(&mut rights, &mut right_due, k, right, release_at, same, |e| &mut e.2);
                         }
                     }
                 });
 
                 let left_watermark = watermark_of(&frontiers[0]);
                 let right_watermark = watermark_of(&frontiers[1]);
-                release(&mut lefts, &mut left_due, right_watermark, |l| {
-                    lateness.release_at(l.hi.saturating_add(1))
-                });
-                release(&mut rights, &mut right_due, left_watermark, |r| {
-                    right_release(r.1)
-                });
+                release(&mut lefts, &mut left_due, right_watermark, |l| lateness.release_at(l.hi.saturating_add(1)));
+                release(&mut rights, &mut right_due, left_watermark, |r| right_release(r.1));
                 if left_watermark == END_OF_TIME && right_watermark == END_OF_TIME {
                     lefts.clear();
                     rights.clear();
@@ -399,14 +375,8 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
 
         IntervalJoined {
             results: EventStream::new(results),
-            late_left: LateOutput {
-                stream: EventStream::new(late_left),
-                count: count_left,
-            },
-            late_right: LateOutput {
-                stream: EventStream::new(late_right),
-                count: count_right,
-            },
+            late_left: LateOutput { stream: EventStream::new(late_left), count: count_left },
+            late_right: LateOutput { stream: EventStream::new(late_right), count: count_right },
         }
     }
 }

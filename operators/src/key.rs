@@ -6,15 +6,8 @@ use serde::{de::DeserializeOwned, Serialize};
 
 /// A key of a keyed operator: hashed to pick the worker that owns it,
 /// compared for equality to group, ordered so that outputs can be sorted.
-pub trait Key:
-    Hash + Eq + Ord + Clone + std::fmt::Debug + Serialize + DeserializeOwned + Send + 'static
-{
-}
-impl<
-        K: Hash + Eq + Ord + Clone + std::fmt::Debug + Serialize + DeserializeOwned + Send + 'static,
-    > Key for K
-{
-}
+pub trait Key: Hash + Eq + Ord + Clone + std::fmt::Debug + Serialize + DeserializeOwned + Send + 'static {}
+impl<K: Hash + Eq + Ord + Clone + std::fmt::Debug + Serialize + DeserializeOwned + Send + 'static> Key for K {}
 
 /// Data that flows between workers: cloneable, printable and serde-encodable.
 pub trait Data: Clone + std::fmt::Debug + Serialize + DeserializeOwned + Send + 'static {}

@@ -43,16 +43,13 @@ pub use time::{AllowedLateness, Diff, DurationExt, Timestamp, END_OF_TIME};
 
 /// The names most programs use.
 pub mod prelude {
-    pub use crate::aggregate::{
-        Aggregate, Avg, Collect, Count, DistinctCount, Fold, Max, MaxBy, Min, Sum, TopK,
-    };
+    pub use crate::aggregate::{Aggregate, Avg, Collect, Count, DistinctCount, Fold, Max, MaxBy, Min, Sum, TopK};
     pub use crate::join::{between, by_record, Interval, IntervalJoined};
     pub use crate::late::LateOutput;
     pub use crate::stream::EventStream;
     pub use crate::time::{AllowedLateness, Diff, DurationExt, Timestamp};
     pub use crate::window::{
-        windows_by, CountTrigger, CountWindows, EventTimeTrigger, GlobalWindows,
-        ProcessingTimeTrigger, Session, Sliding, Trigger, TriggerAction, Tumbling, Window,
-        WindowResult, WindowSpec, Windowed,
+        windows_by, CountTrigger, CountWindows, EventTimeTrigger, GlobalWindows, ProcessingTimeTrigger, Session,
+        Sliding, Trigger, TriggerAction, Tumbling, Window, WindowResult, WindowSpec, Windowed,
     };
 }

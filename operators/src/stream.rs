@@ -48,17 +48,13 @@ pub struct EventStream<'scope, D: 'static> {
 
 impl<D: Clone + 'static> Clone for EventStream<'_, D> {
     fn clone(&self) -> Self {
-        EventStream {
-            inner: self.inner.clone(),
-        }
+        EventStream { inner: self.inner.clone() }
     }
 }
 
 impl<D: 'static> std::fmt::Debug for EventStream<'_, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EventStream")
-            .field("inner", &self.inner)
-            .finish()
+        f.debug_struct("EventStream").field("inner", &self.inner).finish()
     }
 }
 
@@ -74,18 +70,12 @@ impl<'scope, D: Data> EventStream<'scope, D> {
     }
 
     /// Transforms every record; times and diffs are kept.
-    pub fn map<D2: Data, F: FnMut(D) -> D2 + 'static>(
-        &self,
-        mut logic: F,
-    ) -> EventStream<'scope, D2> {
+    pub fn map<D2: Data, F: FnMut(D) -> D2 + 'static>(&self, mut logic: F) -> EventStream<'scope, D2> {
         self.flat_map_updates("Map", move |(d, t, r), out| out.push((logic(d), t, r)))
     }
 
     /// Keeps the records for which `predicate` holds.
-    pub fn filter<F: FnMut(&D) -> bool + 'static>(
-        &self,
-        mut predicate: F,
-    ) -> EventStream<'scope, D> {
+    pub fn filter<F: FnMut(&D) -> bool + 'static>(&self, mut predicate: F) -> EventStream<'scope, D> {
         self.flat_map_updates("Filter", move |(d, t, r), out| {
             if predicate(&d) {
                 out.push((d, t, r))
@@ -101,9 +91,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         I: IntoIterator<Item = D2>,
         F: FnMut(D) -> I + 'static,
     {
-        self.flat_map_updates("FlatMap", move |(d, t, r), out| {
-            out.extend(logic(d).into_iter().map(|d2| (d2, t, r)))
-        })
+        self.flat_map_updates("FlatMap", move |(d, t, r), out| out.extend(logic(d).into_iter().map(|d2| (d2, t, r))))
     }
 
     /// Transforms whole updates: the closure sees data, event time and diff and
@@ -114,25 +102,22 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         D2: Data,
         F: FnMut(Update<D>, &mut Vec<Update<D2>>) + 'static,
     {
-        let inner = self
-            .inner
-            .clone()
-            .unary(Pipeline, name, move |_cap, _info| {
-                let mut buffer = Vec::new();
-                move |input, output| {
-                    input.for_each_stamp(|cap, data| {
-                        for batch in data {
-                            for update in batch.drain(..) {
-                                logic(update, &mut buffer);
-                            }
+        let inner = self.inner.clone().unary(Pipeline, name, move |_cap, _info| {
+            let mut buffer = Vec::new();
+            move |input, output| {
+                input.for_each_stamp(|cap, data| {
+                    for batch in data {
+                        for update in batch.drain(..) {
+                            logic(update, &mut buffer);
                         }
-                        if !buffer.is_empty() {
-                            output.session(&cap).give_container(&mut buffer);
-                            buffer.clear();
-                        }
-                    });
-                }
-            });
+                    }
+                    if !buffer.is_empty() {
+                        output.session(&cap).give_container(&mut buffer);
+                        buffer.clear();
+                    }
+                });
+            }
+        });
         EventStream { inner }
     }
 
@@ -143,16 +128,11 @@ impl<'scope, D: Data> EventStream<'scope, D> {
 
     /// Merges two streams of the same type.
     pub fn concat(&self, other: &EventStream<'scope, D>) -> EventStream<'scope, D> {
-        EventStream {
-            inner: self.inner.clone().concat(other.inner.clone()),
-        }
+        EventStream { inner: self.inner.clone().concat(other.inner.clone()) }
     }
 
     /// Moves every record to the worker that owns its key.
-    pub fn exchange<K: std::hash::Hash, F: Fn(&D) -> K + 'static>(
-        &self,
-        key: F,
-    ) -> EventStream<'scope, D> {
+    pub fn exchange<K: std::hash::Hash, F: Fn(&D) -> K + 'static>(&self, key: F) -> EventStream<'scope, D> {
         let pact = Exchange::new(move |u: &Update<D>| route(&key(&u.0)));
         let inner = self.inner.clone().unary(pact, "Exchange", |_cap, _info| {
             move |input, output| {
@@ -166,15 +146,11 @@ impl<'scope, D: Data> EventStream<'scope, D> {
 
     /// Calls `logic` on every update as it passes.
     pub fn inspect<F: FnMut(&Update<D>) + 'static>(&self, logic: F) -> EventStream<'scope, D> {
-        EventStream {
-            inner: self.inner.clone().inspect(logic),
-        }
+        EventStream { inner: self.inner.clone().inspect(logic) }
     }
 
     /// Attaches a probe that reports the stream's frontier (its watermark).
     pub fn probe_with(&self, handle: &ProbeHandle<Timestamp>) -> EventStream<'scope, D> {
-        EventStream {
-            inner: self.inner.clone().probe_with(handle),
-        }
+        EventStream { inner: self.inner.clone().probe_with(handle) }
     }
 }

@@ -76,9 +76,7 @@ impl DurationExt for i32 {
 /// already emitted and emits the corrected one. Later records go to the
 /// operator's [`LateOutput`](crate::LateOutput). The default is zero: a window
 /// is final when it fires.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct AllowedLateness(pub u64);
 
 impl AllowedLateness {
@@ -100,23 +98,14 @@ impl From<u64> for AllowedLateness {
 
 /// The watermark an input frontier stands for: its least time, or
 /// [`END_OF_TIME`] once the input is complete.
-pub fn watermark_of(
-    frontier: &timely::progress::frontier::MutableAntichain<Timestamp>,
-) -> Timestamp {
-    frontier
-        .frontier()
-        .as_option()
-        .copied()
-        .unwrap_or(END_OF_TIME)
+pub fn watermark_of(frontier: &timely::progress::frontier::MutableAntichain<Timestamp>) -> Timestamp {
+    frontier.frontier().as_option().copied().unwrap_or(END_OF_TIME)
 }
 
 /// The timely time of a received message: the least element of its stamp.
 ///
 /// highwater operators only send messages under a single capability, so the
 /// stamp is never empty.
-pub(crate) fn arrival_time(
-    cap: &timely::dataflow::operators::InputCapability<Timestamp>,
-) -> Timestamp {
-    *cap.least()
-        .expect("highwater messages travel under a capability (non-empty stamp)")
+pub(crate) fn arrival_time(cap: &timely::dataflow::operators::InputCapability<Timestamp>) -> Timestamp {
+    *cap.least().expect("highwater messages travel under a capability (non-empty stamp)")
 }

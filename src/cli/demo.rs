@@ -74,7 +74,7 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
                 _ => None,
             });
             let auctions = streams.events.flat_map(|e| match e {
-                Event::Auction(a) => Some(a),
+                Event::Auction(a) => Some(*a),
                 _ => None,
             });
             let counts = bids
@@ -111,30 +111,21 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
             let lines = joined.results.probe_with(&probe);
             watch_watermark(&lines, &g);
             if let Ok(mut late) = g.late.lock() {
-                late.extend([
-                    counts.late.count,
-                    hottest.late.count,
-                    joined.late_left.count,
-                    joined.late_right.count,
-                ]);
+                late.extend([counts.late.count, hottest.late.count, joined.late_left.count, joined.late_right.count]);
             }
             let shown = p.clone();
-            lines.inner.clone().sink(
-                Exchange::new(|_: &(String, u64, i64)| 0),
-                "Print",
-                move |(input, _)| {
-                    input.for_each_stamp(|_, data| {
-                        for batch in data {
-                            for (line, _, diff) in batch.drain(..) {
-                                if diff > 0 {
-                                    println!("{line}");
-                                    shown.add(1);
-                                }
+            lines.inner.clone().sink(Exchange::new(|_: &(String, u64, i64)| 0), "Print", move |(input, _)| {
+                input.for_each_stamp(|_, data| {
+                    for batch in data {
+                        for (line, _, diff) in batch.drain(..) {
+                            if diff > 0 {
+                                println!("{line}");
+                                shown.add(1);
                             }
                         }
-                    });
-                },
-            );
+                    }
+                });
+            });
             dead_letter_sink(&streams.dead_letters, None);
             Ok(())
         })

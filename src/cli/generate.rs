@@ -42,18 +42,23 @@ pub(super) fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let source = GeneratorSource::new(std::sync::Arc::new(generator), 1);
     let mut reader = source.open(0, None)?;
     let out: Box<dyn Write> = match &args.output {
-        Some(path) => Box::new(
-            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
-        ),
+        Some(path) => Box::new(std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?),
         None => Box::new(std::io::stdout().lock()),
     };
     let mut out = std::io::BufWriter::with_capacity(1 << 20, out);
-    let mut batch = Vec::new();
+    let mut failed = None;
     loop {
-        batch.clear();
-        let status = reader.read(8192, &mut batch, &mut Vec::new())?;
-        for event in &batch {
-            write_event(&mut out, event).context("writing events")?;
+        let status = reader.read(
+            8192,
+            &mut |event| {
+                if failed.is_none() {
+                    failed = write_event(&mut out, &event).err();
+                }
+            },
+            &mut Vec::new(),
+        )?;
+        if let Some(e) = failed {
+            return Err(e).context("writing events");
         }
         if status == ReadStatus::End {
             break;

@@ -15,9 +15,7 @@ use timely::dataflow::ProbeHandle;
 use super::progress::{summary, Gauges, Progress};
 use crate::dead_letter::DeadLetter;
 use crate::nexmark::queries::{q10_partition, QueryKind};
-use crate::nexmark::{
-    build, Event, Generator, GeneratorConfig, GeneratorSource, NexmarkDecoder, Query, QueryOptions,
-};
+use crate::nexmark::{build, Event, Generator, GeneratorConfig, GeneratorSource, NexmarkDecoder, Query, QueryOptions};
 use crate::operators::{EventStream, Timestamp};
 use crate::sink::{write_lines, LineTarget, SinkHandle, SinkMode};
 use crate::source::{read, JsonLines, SourceOptions, SourceStreams};
@@ -51,7 +49,8 @@ pub(super) struct NexmarkArgs {
     /// `dt=yyyy-MM-dd/hm=HH/part-0.csv` files.
     #[arg(long, short)]
     output: Option<PathBuf>,
-    /// Count the rows but write nothing (benchmarks).
+    /// Count the rows without formatting or writing them: a blackhole sink,
+    /// for benchmarks (`--output /dev/null` measures with CSV formatting).
     #[arg(long, conflicts_with = "output")]
     discard: bool,
     /// Watermark delay behind the greatest event time seen, per partition.
@@ -85,28 +84,16 @@ pub(super) struct NexmarkArgs {
 
 /// Reads q13's side input.
 fn read_side_input(path: &PathBuf) -> anyhow::Result<HashMap<i64, String>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading side input {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading side input {}", path.display()))?;
     let mut map = HashMap::new();
-    for (n, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let (key, value) = line.split_once(',').with_context(|| {
-            format!(
-                "{}:{}: expected `key,value`, got {line:?}",
-                path.display(),
-                n + 1
-            )
-        })?;
-        let key = key.trim().parse().with_context(|| {
-            format!(
-                "{}:{}: key {key:?} is not an integer",
-                path.display(),
-                n + 1
-            )
-        })?;
+    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let (key, value) = line
+            .split_once(',')
+            .with_context(|| format!("{}:{}: expected `key,value`, got {line:?}", path.display(), n + 1))?;
+        let key = key
+            .trim()
+            .parse()
+            .with_context(|| format!("{}:{}: key {key:?} is not an integer", path.display(), n + 1))?;
         map.insert(key, value.to_owned());
     }
     Ok(map)
@@ -128,61 +115,35 @@ pub(super) fn events<'scope>(
 ) -> anyhow::Result<SourceStreams<'scope, Event>> {
     let time = |e: &Event| e.time();
     Ok(match input {
-        Input::Files(source) => read(
-            scope,
-            Arc::clone(source),
-            time,
-            options,
-            &gauges.source,
-            Some(probe.clone()),
-        )?,
+        Input::Files(source) => read(scope, Arc::clone(source), time, options, &gauges.source, Some(probe.clone()))?,
         Input::Generator(g) => {
             let source = Arc::new(GeneratorSource::new(Arc::clone(g), scope.peers()));
-            read(
-                scope,
-                source,
-                time,
-                options,
-                &gauges.source,
-                Some(probe.clone()),
-            )?
+            read(scope, source, time, options, &gauges.source, Some(probe.clone()))?
         }
     })
 }
 
 /// Writes dead letters to a file, or reports the first few on stderr.
-pub(super) fn dead_letter_sink(
-    dead: &EventStream<'_, DeadLetter>,
-    path: Option<&PathBuf>,
-) -> Option<SinkHandle> {
+pub(super) fn dead_letter_sink(dead: &EventStream<'_, DeadLetter>, path: Option<&PathBuf>) -> Option<SinkHandle> {
     match path {
         Some(path) => {
-            let lines = dead.map(|d| {
-                serde_json::to_string(&d).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
-            });
-            Some(write_lines(
-                &lines,
-                None,
-                LineTarget::File(path.clone()),
-                SinkMode::Append,
-            ))
+            let lines = dead.map(|d| serde_json::to_string(&d).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")));
+            Some(write_lines(&lines, None, LineTarget::File(path.clone()), SinkMode::Append))
         }
         None => {
             let mut shown = 0;
-            dead.inner
-                .clone()
-                .sink(Pipeline, "ReportDeadLetters", move |(input, _)| {
-                    input.for_each_stamp(|_, data| {
-                        for batch in data {
-                            for (d, _, _) in batch.drain(..) {
-                                shown += 1;
-                                if shown <= 5 {
-                                    tracing::warn!("dead letter: {d}");
-                                }
+            dead.inner.clone().sink(Pipeline, "ReportDeadLetters", move |(input, _)| {
+                input.for_each_stamp(|_, data| {
+                    for batch in data {
+                        for (d, _, _) in batch.drain(..) {
+                            shown += 1;
+                            if shown <= 5 {
+                                tracing::warn!("dead letter: {d}");
                             }
                         }
-                    });
+                    }
                 });
+            });
             None
         }
     }
@@ -194,18 +155,12 @@ pub(super) fn dead_letter_sink(
 /// worker); only worker 0 stores, the frontier being the same everywhere.
 pub(super) fn watch_watermark(stream: &EventStream<'_, String>, gauges: &Gauges) {
     let gauge = (stream.scope().index() == 0).then(|| Arc::clone(&gauges.watermark));
-    stream
-        .inner
-        .clone()
-        .sink(Pipeline, "WatchWatermark", move |(input, frontier)| {
-            input.for_each_stamp(|_, _| {});
-            if let Some(gauge) = &gauge {
-                gauge.store(
-                    crate::operators::time::watermark_of(frontier),
-                    Ordering::Relaxed,
-                );
-            }
-        });
+    stream.inner.clone().sink(Pipeline, "WatchWatermark", move |(input, frontier)| {
+        input.for_each_stamp(|_, _| {});
+        if let Some(gauge) = &gauge {
+            gauge.store(crate::operators::time::watermark_of(frontier), Ordering::Relaxed);
+        }
+    });
 }
 
 /// Writes q10's rows into `dt=…/hm=…` directories under `dir`.
@@ -214,63 +169,51 @@ fn write_partitioned(rows: &EventStream<'_, String>, dir: PathBuf, header: Strin
     let h = handle.clone();
     let pact = timely::dataflow::channels::pact::Exchange::new(|_: &(String, Timestamp, i64)| 0u64);
     let mut files: HashMap<String, std::io::BufWriter<std::fs::File>> = HashMap::new();
-    rows.inner
-        .clone()
-        .sink(pact, "WritePartitioned", move |(input, frontier)| {
-            use std::io::Write;
-            let mut written = 0;
-            input.for_each_stamp(|_, data| {
-                for batch in data {
-                    for (line, _, diff) in batch.drain(..) {
-                        let date_time: u64 = line
-                            .split(',')
-                            .nth(3)
-                            .and_then(|t| t.parse().ok())
-                            .unwrap_or(0);
-                        let part = q10_partition(date_time);
-                        let file = match files.get_mut(&part) {
-                            Some(f) => f,
-                            None => {
-                                let path = dir.join(&part);
-                                let opened = std::fs::create_dir_all(&path)
-                                    .and_then(|_| std::fs::File::create(path.join("part-0.csv")))
-                                    .map(std::io::BufWriter::new)
-                                    .and_then(|mut w| {
-                                        w.write_all(header.as_bytes())
-                                            .and(w.write_all(b"\n"))
-                                            .map(|_| w)
-                                    });
-                                match opened {
-                                    Ok(w) => files.entry(part).or_insert(w),
-                                    Err(e) => {
-                                        if let Ok(mut errors) = h.errors.lock() {
-                                            errors.push(format!("writing {}: {e}", path.display()));
-                                        }
-                                        continue;
+    rows.inner.clone().sink(pact, "WritePartitioned", move |(input, frontier)| {
+        use std::io::Write;
+        let mut written = 0;
+        input.for_each_stamp(|_, data| {
+            for batch in data {
+                for (line, _, diff) in batch.drain(..) {
+                    let date_time: u64 = line.split(',').nth(3).and_then(|t| t.parse().ok()).unwrap_or(0);
+                    let part = q10_partition(date_time);
+                    let file = match files.get_mut(&part) {
+                        Some(f) => f,
+                        None => {
+                            let path = dir.join(&part);
+                            let opened = std::fs::create_dir_all(&path)
+                                .and_then(|_| std::fs::File::create(path.join("part-0.csv")))
+                                .map(std::io::BufWriter::new)
+                                .and_then(|mut w| w.write_all(header.as_bytes()).and(w.write_all(b"\n")).map(|_| w));
+                            match opened {
+                                Ok(w) => files.entry(part).or_insert(w),
+                                Err(e) => {
+                                    if let Ok(mut errors) = h.errors.lock() {
+                                        errors.push(format!("writing {}: {e}", path.display()));
                                     }
+                                    continue;
                                 }
                             }
-                        };
-                        for _ in 0..diff.max(0) {
-                            if let Err(e) =
-                                file.write_all(line.as_bytes()).and(file.write_all(b"\n"))
-                            {
-                                if let Ok(mut errors) = h.errors.lock() {
-                                    errors.push(format!("writing {}: {e}", dir.display()));
-                                }
-                            }
-                            written += 1;
                         }
+                    };
+                    for _ in 0..diff.max(0) {
+                        if let Err(e) = file.write_all(line.as_bytes()).and(file.write_all(b"\n")) {
+                            if let Ok(mut errors) = h.errors.lock() {
+                                errors.push(format!("writing {}: {e}", dir.display()));
+                            }
+                        }
+                        written += 1;
                     }
-                }
-            });
-            h.lines.add(written);
-            if frontier.is_empty() {
-                for f in files.values_mut() {
-                    let _ = f.flush();
                 }
             }
         });
+        h.lines.add(written);
+        if frontier.is_empty() {
+            for f in files.values_mut() {
+                let _ = f.flush();
+            }
+        }
+    });
     handle
 }
 
@@ -297,16 +240,8 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
         bail!("give the events with --input FILE... or --events N");
     };
     let input = Arc::new(input);
-    let side_input = args
-        .side_input
-        .as_ref()
-        .map(read_side_input)
-        .transpose()?
-        .map(Arc::new);
-    let query_options = QueryOptions {
-        allowed_lateness: args.allowed_lateness.0,
-        side_input,
-    };
+    let side_input = args.side_input.as_ref().map(read_side_input).transpose()?.map(Arc::new);
+    let query_options = QueryOptions { allowed_lateness: args.allowed_lateness.0, side_input, blackhole: args.discard };
     let source_options = SourceOptions {
         name: "Nexmark".into(),
         watermark: WatermarkStrategy::bounded(args.watermark_delay.0),
@@ -326,15 +261,9 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     // (row sinks, dead-letter sinks) of every worker.
     let sinks: Arc<std::sync::Mutex<(Vec<SinkHandle>, Vec<SinkHandle>)>> = Default::default();
     let started = Instant::now();
-    let progress = args
-        .progress
-        .then(|| Progress::start(gauges.clone(), started));
-    let (query, output, discard, dead_path) = (
-        args.query,
-        args.output.clone(),
-        args.discard,
-        args.dead_letters.clone(),
-    );
+    let progress = args.progress.then(|| Progress::start(gauges.clone(), started));
+    let (query, output, discard, dead_path) =
+        (args.query, args.output.clone(), args.discard, args.dead_letters.clone());
     let (g, s) = (gauges.clone(), Arc::clone(&sinks));
     let guards = timely::execute(config, move |worker| -> anyhow::Result<()> {
         let probe = ProbeHandle::new();
@@ -352,17 +281,14 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
                 _ => {
                     let target = match (&output, discard) {
                         (_, true) => LineTarget::Discard,
-                        (Some(path), _) if path.as_os_str() != "-" => {
-                            LineTarget::File(path.clone())
-                        }
+                        (Some(path), _) if path.as_os_str() != "-" => LineTarget::File(path.clone()),
                         _ => LineTarget::Stdout,
                     };
-                    let mode =
-                        if out.kind == QueryKind::Updating || query_options.allowed_lateness > 0 {
-                            SinkMode::Table
-                        } else {
-                            SinkMode::Append
-                        };
+                    let mode = if out.kind == QueryKind::Updating || query_options.allowed_lateness > 0 {
+                        SinkMode::Table
+                    } else {
+                        SinkMode::Append
+                    };
                     write_lines(&rows, Some(header), target, mode)
                 }
             };
@@ -385,9 +311,7 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
         problems.extend(sink.errors());
         let unapplied = sink.unapplied_retractions.get();
         if unapplied > 0 {
-            problems.push(format!(
-                "{unapplied} retractions could not be applied to append-only output"
-            ));
+            problems.push(format!("{unapplied} retractions could not be applied to append-only output"));
         }
     }
     eprintln!("{}", summary(&gauges, started, rows));

@@ -15,12 +15,7 @@ pub(super) fn iso(ms: Timestamp) -> String {
         return "end".to_owned();
     }
     let (h, m) = utc_hour_minute(ms);
-    format!(
-        "{}T{h:02}:{m:02}:{:02}.{:03}Z",
-        utc_day(ms),
-        ms / 1000 % 60,
-        ms % 1000
-    )
+    format!("{}T{h:02}:{m:02}:{:02}.{:03}Z", utc_day(ms), ms / 1000 % 60, ms % 1000)
 }
 
 /// What the progress line reads.
@@ -35,10 +30,7 @@ pub(super) struct Gauges {
 
 impl Gauges {
     pub(super) fn late(&self) -> u64 {
-        self.late
-            .lock()
-            .map(|l| l.iter().map(Counter::get).sum())
-            .unwrap_or(0)
+        self.late.lock().map(|l| l.iter().map(Counter::get).sum()).unwrap_or(0)
     }
 }
 
@@ -65,11 +57,8 @@ impl Progress {
                 last = (now, records);
                 let watermark = gauges.watermark.load(Ordering::Relaxed);
                 let max_seen = gauges.source.max_event_time.load(Ordering::Relaxed);
-                let lag = if watermark == 0 || watermark == END_OF_TIME {
-                    0
-                } else {
-                    max_seen.saturating_sub(watermark)
-                };
+                let lag =
+                    if watermark == 0 || watermark == END_OF_TIME { 0 } else { max_seen.saturating_sub(watermark) };
                 eprintln!(
                     "[{:>6.1}s] events {} ({:.2} M ev/s) | watermark {} | lag {:.1} s | late {} | dead letters {}",
                     started.elapsed().as_secs_f64(),
@@ -82,10 +71,7 @@ impl Progress {
                 );
             }
         });
-        Progress {
-            stop,
-            thread: Some(thread),
-        }
+        Progress { stop, thread: Some(thread) }
     }
 }
 

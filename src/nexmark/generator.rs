@@ -44,24 +44,11 @@ const CHANNELS: usize = 10_000;
 const MIN_STRING_LENGTH: u64 = 3;
 const POOL_SIZE: usize = 1 << 18;
 const US_STATES: [&str; 6] = ["AZ", "CA", "ID", "OR", "WA", "WY"];
-const US_CITIES: [&str; 10] = [
-    "Phoenix",
-    "Los Angeles",
-    "San Francisco",
-    "Boise",
-    "Portland",
-    "Bend",
-    "Redmond",
-    "Seattle",
-    "Kent",
-    "Cheyenne",
-];
-const FIRST_NAMES: [&str; 11] = [
-    "Peter", "Paul", "Luke", "John", "Saul", "Vicky", "Kate", "Julie", "Sarah", "Deiter", "Walter",
-];
-const LAST_NAMES: [&str; 9] = [
-    "Shultz", "Abrams", "Spencer", "White", "Bartels", "Walton", "Smith", "Jones", "Noris",
-];
+const US_CITIES: [&str; 10] =
+    ["Phoenix", "Los Angeles", "San Francisco", "Boise", "Portland", "Bend", "Redmond", "Seattle", "Kent", "Cheyenne"];
+const FIRST_NAMES: [&str; 11] =
+    ["Peter", "Paul", "Luke", "John", "Saul", "Vicky", "Kate", "Julie", "Sarah", "Deiter", "Walter"];
+const LAST_NAMES: [&str; 9] = ["Shultz", "Abrams", "Spencer", "White", "Bartels", "Walton", "Smith", "Jones", "Noris"];
 
 /// 2024-01-01T00:00:03.456Z: deliberately not a multiple of 2 s or 10 s.
 pub const DEFAULT_BASE_TIME: Timestamp = 1_704_067_203_456;
@@ -189,8 +176,9 @@ fn reverse32(c: u32) -> u32 {
 /// Tables derived from the seed, shared by all partitions of a process.
 #[derive(Debug)]
 struct Tables {
-    letters: Vec<u8>,
-    spaced: Vec<u8>,
+    /// ASCII pools, sliced by byte offsets (always char boundaries).
+    letters: String,
+    spaced: String,
     channel_names: Vec<Arc<str>>,
     channel_urls: Vec<Arc<str>>,
     hot_urls: Vec<Arc<str>>,
@@ -201,41 +189,22 @@ impl Tables {
     fn new(seed: u64) -> Self {
         let mut rng = Rng::new(seed, u64::MAX);
         let letter = |rng: &mut Rng| b'a' + rng.below(26) as u8;
-        let letters = (0..POOL_SIZE + 256).map(|_| letter(&mut rng)).collect();
-        let spaced = (0..POOL_SIZE + 256)
-            .map(|_| {
-                if rng.below(13) == 0 {
-                    b' '
-                } else {
-                    letter(&mut rng)
-                }
-            })
-            .collect();
+        let letters = (0..POOL_SIZE + 256).map(|_| letter(&mut rng) as char).collect();
+        let spaced =
+            (0..POOL_SIZE + 256).map(|_| if rng.below(13) == 0 { ' ' } else { letter(&mut rng) as char }).collect();
         let mut crng = Rng::new(seed, u64::MAX - 1);
         let base_url = |rng: &mut Rng| {
             let mut parts = Vec::new();
             for _ in 0..3 {
                 let len = MIN_STRING_LENGTH + rng.below(5 - MIN_STRING_LENGTH);
                 let part: String = (0..len)
-                    .map(|_| {
-                        if rng.below(13) == 0 {
-                            '_'
-                        } else {
-                            (b'a' + rng.below(26) as u8) as char
-                        }
-                    })
+                    .map(|_| if rng.below(13) == 0 { '_' } else { (b'a' + rng.below(26) as u8) as char })
                     .collect();
                 parts.push(part);
             }
-            format!(
-                "https://www.nexmark.com/{}/{}/{}/item.htm?query=1",
-                parts[0], parts[1], parts[2]
-            )
+            format!("https://www.nexmark.com/{}/{}/{}/item.htm?query=1", parts[0], parts[1], parts[2])
         };
-        let hot_urls = HOT_CHANNELS
-            .iter()
-            .map(|_| Arc::from(base_url(&mut crng)))
-            .collect();
+        let hot_urls = HOT_CHANNELS.iter().map(|_| Arc::from(base_url(&mut crng))).collect();
         let hot_names = HOT_CHANNELS.iter().map(|c| Arc::from(*c)).collect();
         let mut channel_names = Vec::with_capacity(CHANNELS);
         let mut channel_urls = Vec::with_capacity(CHANNELS);
@@ -247,14 +216,7 @@ impl Tables {
             channel_names.push(Arc::from(format!("channel-{c}")));
             channel_urls.push(Arc::from(url));
         }
-        Tables {
-            letters,
-            spaced,
-            channel_names,
-            channel_urls,
-            hot_urls,
-            hot_names,
-        }
+        Tables { letters, spaced, channel_names, channel_urls, hot_urls, hot_names }
     }
 }
 
@@ -283,23 +245,14 @@ impl Generator {
     /// A generator; checks the configuration.
     pub fn new(config: GeneratorConfig) -> Result<Self, ConfigError> {
         if !(config.rate > 0.0 && config.rate.is_finite()) {
-            return Err(ConfigError {
-                field: "rate",
-                reason: "must be a positive number of events per second",
-            });
+            return Err(ConfigError { field: "rate", reason: "must be a positive number of events per second" });
         }
         let inter_event_ns = (1e9 / config.rate).round() as u64;
         if inter_event_ns == 0 {
-            return Err(ConfigError {
-                field: "rate",
-                reason: "is too high (events closer than 1 ns)",
-            });
+            return Err(ConfigError { field: "rate", reason: "is too high (events closer than 1 ns)" });
         }
         if config.person_proportion < 1 || config.auction_proportion < 1 {
-            return Err(ConfigError {
-                field: "person_proportion/auction_proportion",
-                reason: "must be at least 1",
-            });
+            return Err(ConfigError { field: "person_proportion/auction_proportion", reason: "must be at least 1" });
         }
         for (field, ratio) in [
             ("hot_auction_ratio", config.hot_auction_ratio),
@@ -307,24 +260,14 @@ impl Generator {
             ("hot_sellers_ratio", config.hot_sellers_ratio),
         ] {
             if ratio == 0 {
-                return Err(ConfigError {
-                    field,
-                    reason: "must be at least 1",
-                });
+                return Err(ConfigError { field, reason: "must be at least 1" });
             }
         }
         let total = config.person_proportion + config.auction_proportion + config.bid_proportion;
         let events_for_auctions = config.num_in_flight_auctions * total / config.auction_proportion;
         let bid_extra = extra_bounds(32, config.avg_bid_bytes);
         let tables = Tables::new(config.seed);
-        Ok(Generator {
-            config,
-            tables,
-            inter_event_ns,
-            total,
-            events_for_auctions,
-            bid_extra,
-        })
+        Ok(Generator { config, tables, inter_event_ns, total, events_for_auctions, bid_extra })
     }
 
     /// The configuration.
@@ -350,22 +293,12 @@ impl Generator {
         let num_people = last_person + 1;
         let active = num_people.min(c.num_active_people);
         let person_base = num_people - active;
-        let random_person = |rng: &mut Rng| {
-            FIRST_PERSON_ID + (person_base + rng.below(active + PERSON_ID_LEAD)) as i64
-        };
+        let random_person = |rng: &mut Rng| FIRST_PERSON_ID + (person_base + rng.below(active + PERSON_ID_LEAD)) as i64;
 
         if offset < c.person_proportion {
             let id = FIRST_PERSON_ID + (epoch * c.person_proportion + offset) as i64;
-            let name = format!(
-                "{} {}",
-                FIRST_NAMES[rng.below(11) as usize],
-                LAST_NAMES[rng.below(9) as usize]
-            );
-            let email = format!(
-                "{}@{}.com",
-                self.next_string(&mut rng, 7),
-                self.next_string(&mut rng, 5)
-            );
+            let name = format!("{} {}", FIRST_NAMES[rng.below(11) as usize], LAST_NAMES[rng.below(9) as usize]);
+            let email = format!("{}@{}.com", self.next_string(&mut rng, 7), self.next_string(&mut rng, 5));
             let credit_card = format!(
                 "{:04} {:04} {:04} {:04}",
                 rng.below(10_000),
@@ -375,10 +308,9 @@ impl Generator {
             );
             let city = US_CITIES[rng.below(10) as usize].to_owned();
             let state = US_STATES[rng.below(6) as usize].to_owned();
-            let current =
-                8 + name.len() + email.len() + credit_card.len() + city.len() + state.len();
+            let current = 8 + name.len() + email.len() + credit_card.len() + city.len() + state.len();
             let extra = self.next_extra(&mut rng, current as u64, c.avg_person_bytes);
-            Event::Person(Person {
+            Event::Person(Box::new(Person {
                 id,
                 name,
                 email_address: email,
@@ -387,10 +319,9 @@ impl Generator {
                 state,
                 date_time: ts,
                 extra,
-            })
+            }))
         } else if offset < c.person_proportion + c.auction_proportion {
-            let id = FIRST_AUCTION_ID
-                + (epoch * c.auction_proportion + (offset - c.person_proportion)) as i64;
+            let id = FIRST_AUCTION_ID + (epoch * c.auction_proportion + (offset - c.person_proportion)) as i64;
             let seller = if rng.hot(c.hot_sellers_ratio) {
                 FIRST_PERSON_ID + (last_person / HOT_BATCH * HOT_BATCH) as i64
             } else {
@@ -405,7 +336,7 @@ impl Generator {
             let reserve = initial_bid + price(&mut rng);
             let current = 48 + item_name.len() + description.len();
             let extra = self.next_extra(&mut rng, current as u64, c.avg_auction_bytes);
-            Event::Auction(Auction {
+            Event::Auction(Box::new(Auction {
                 id,
                 item_name,
                 description,
@@ -416,15 +347,14 @@ impl Generator {
                 seller,
                 category,
                 extra,
-            })
+            }))
         } else {
             let last_auction = epoch * c.auction_proportion + (c.auction_proportion - 1);
             let auction = if rng.hot(c.hot_auction_ratio) {
                 FIRST_AUCTION_ID + (last_auction / HOT_BATCH * HOT_BATCH) as i64
             } else {
                 let min = last_auction.saturating_sub(c.num_in_flight_auctions);
-                FIRST_AUCTION_ID
-                    + (min + rng.below(last_auction - min + 1 + AUCTION_ID_LEAD)) as i64
+                FIRST_AUCTION_ID + (min + rng.below(last_auction - min + 1 + AUCTION_ID_LEAD)) as i64
             };
             let bidder = if rng.hot(c.hot_bidders_ratio) {
                 FIRST_PERSON_ID + (last_person / HOT_BATCH * HOT_BATCH + 1) as i64
@@ -434,44 +364,28 @@ impl Generator {
             let price = price(&mut rng);
             let (channel, url) = if rng.hot(2) {
                 let i = rng.below(4) as usize;
-                (
-                    Arc::clone(&self.tables.hot_names[i]),
-                    Arc::clone(&self.tables.hot_urls[i]),
-                )
+                (Arc::clone(&self.tables.hot_names[i]), Arc::clone(&self.tables.hot_urls[i]))
             } else {
                 let i = rng.below(CHANNELS as u64) as usize;
-                (
-                    Arc::clone(&self.tables.channel_names[i]),
-                    Arc::clone(&self.tables.channel_urls[i]),
-                )
+                (Arc::clone(&self.tables.channel_names[i]), Arc::clone(&self.tables.channel_urls[i]))
             };
             let (lo, span) = self.bid_extra;
             let size = lo + if span > 0 { rng.below(span) } else { 0 };
             let extra = self.slice(&self.tables.letters, &mut rng, size as usize);
-            Event::Bid(Bid {
-                auction,
-                bidder,
-                price,
-                channel,
-                url,
-                date_time: ts,
-                extra,
-            })
+            Event::Bid(Bid { auction, bidder, price, channel, url, date_time: ts, extra })
         }
     }
 
-    fn slice(&self, pool: &[u8], rng: &mut Rng, len: usize) -> String {
+    fn slice(&self, pool: &str, rng: &mut Rng, len: usize) -> String {
         let off = rng.below(POOL_SIZE as u64) as usize;
-        // The pools hold ASCII only.
-        String::from_utf8_lossy(&pool[off..off + len.min(256)]).into_owned()
+        pool[off..off + len.min(256)].to_owned()
     }
 
     /// Nexmark's `nextString(max)`: 3 to max−1 characters, spaces trimmed.
     fn next_string(&self, rng: &mut Rng, max: u64) -> String {
         let len = MIN_STRING_LENGTH + rng.below(max - MIN_STRING_LENGTH);
         let off = rng.below(POOL_SIZE as u64) as usize;
-        let s = &self.tables.spaced[off..off + len as usize];
-        String::from_utf8_lossy(s).trim().to_owned()
+        self.tables.spaced[off..off + len as usize].trim().to_owned()
     }
 
     fn next_extra(&self, rng: &mut Rng, current: u64, avg: u64) -> String {
@@ -488,8 +402,7 @@ impl Generator {
         if self.config.max_out_of_order_ms == 0 {
             0
         } else {
-            Rng::new(self.config.seed ^ 0x5eed_0f0d_e1a7, n)
-                .below(self.config.max_out_of_order_ms + 1)
+            Rng::new(self.config.seed ^ 0x5eed_0f0d_e1a7, n).below(self.config.max_out_of_order_ms + 1)
         }
     }
 
@@ -535,16 +448,8 @@ impl GeneratorSource {
     /// A source of `generator`'s events for `peers` workers.
     pub fn new(generator: Arc<Generator>, peers: usize) -> Self {
         let partitions = generator.partition_count(peers);
-        let wall_base = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-        GeneratorSource {
-            generator,
-            partitions,
-            start: Arc::new(Instant::now()),
-            wall_base,
-        }
+        let wall_base = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+        GeneratorSource { generator, partitions, start: Arc::new(Instant::now()), wall_base }
     }
 }
 
@@ -553,16 +458,12 @@ impl Source for GeneratorSource {
     type Reader = GeneratorReader;
 
     fn partitions(&self) -> Result<Vec<String>, SourceError> {
-        Ok((0..self.partitions)
-            .map(|p| format!("nexmark-{p}"))
-            .collect())
+        Ok((0..self.partitions).map(|p| format!("nexmark-{p}")).collect())
     }
 
     fn open(&self, index: usize, from: Option<Offset>) -> Result<GeneratorReader, SourceError> {
         if index >= self.partitions {
-            return Err(SourceError::Config(format!(
-                "no generator partition {index}"
-            )));
+            return Err(SourceError::Config(format!("no generator partition {index}")));
         }
         let mut reader = GeneratorReader {
             generator: Arc::clone(&self.generator),
@@ -579,12 +480,10 @@ impl Source for GeneratorSource {
         };
         // Rewinding replays the partition up to the offset (events are cheap to make).
         let skip = from.unwrap_or(0);
-        let mut sink = Vec::new();
         let mut dead = Vec::new();
         while reader.emitted < skip {
             let want = (skip - reader.emitted).min(4096) as usize;
-            sink.clear();
-            if reader.read(want, &mut sink, &mut dead)? == ReadStatus::End {
+            if reader.read(want, &mut |_| {}, &mut dead)? == ReadStatus::End {
                 break;
             }
         }
@@ -629,7 +528,7 @@ impl PartitionReader for GeneratorReader {
     fn read(
         &mut self,
         max: usize,
-        out: &mut Vec<Event>,
+        out: &mut dyn FnMut(Event),
         _dead: &mut Vec<DeadLetter>,
     ) -> Result<ReadStatus, SourceError> {
         let g = &*self.generator;
@@ -641,18 +540,18 @@ impl PartitionReader for GeneratorReader {
         } else {
             u64::MAX
         };
-        let before = out.len();
-        while out.len() - before < max {
+        let mut taken = 0;
+        while taken < max {
             if g.config.max_out_of_order_ms == 0 {
                 if self.next >= limit || self.next > horizon {
                     break;
                 }
-                out.push(self.shifted(g.event(self.next)));
+                out(self.shifted(g.event(self.next)));
+                taken += 1;
                 self.next += self.step;
             } else {
                 // Release everything due by the next event's time, as gen.py does.
-                let next_time =
-                    (self.next < limit && self.next <= horizon).then(|| g.timestamp(self.next));
+                let next_time = (self.next < limit && self.next <= horizon).then(|| g.timestamp(self.next));
                 match self.pending.peek() {
                     Some(Reverse((arrival, n))) if next_time.is_none_or(|t| *arrival <= t) => {
                         if next_time.is_none() && self.next < limit {
@@ -660,12 +559,12 @@ impl PartitionReader for GeneratorReader {
                         }
                         let n = *n;
                         self.pending.pop();
-                        out.push(self.shifted(g.event(n)));
+                        out(self.shifted(g.event(n)));
+                        taken += 1;
                     }
                     _ => match next_time {
                         Some(t) => {
-                            self.pending
-                                .push(Reverse((t + g.delay(self.next), self.next)));
+                            self.pending.push(Reverse((t + g.delay(self.next), self.next)));
                             self.next += self.step;
                         }
                         None => break,
@@ -673,11 +572,11 @@ impl PartitionReader for GeneratorReader {
                 }
             }
         }
-        self.emitted += (out.len() - before) as u64;
+        self.emitted += taken as u64;
         let exhausted = self.next >= limit && self.pending.is_empty();
         Ok(if exhausted {
             ReadStatus::End
-        } else if out.len() > before {
+        } else if taken > 0 {
             ReadStatus::Data
         } else {
             ReadStatus::Idle
@@ -698,35 +597,18 @@ mod tests {
         let mut out = Vec::new();
         for p in 0..source.partitions {
             let mut reader = source.open(p, None).unwrap();
-            while reader.read(1000, &mut out, &mut Vec::new()).unwrap() != ReadStatus::End {}
+            while reader.read(1000, &mut |e| out.push(e), &mut Vec::new()).unwrap() != ReadStatus::End {}
         }
         out
     }
 
     #[test]
     fn proportions_and_ids_follow_the_model() {
-        let events = all(
-            GeneratorConfig {
-                events: Some(5000),
-                ..Default::default()
-            },
-            1,
-        );
-        let persons = events
-            .iter()
-            .filter(|e| matches!(e, Event::Person(_)))
-            .count();
-        let auctions = events
-            .iter()
-            .filter(|e| matches!(e, Event::Auction(_)))
-            .count();
-        assert_eq!(
-            (persons, auctions, events.len() - persons - auctions),
-            (100, 300, 4600)
-        );
-        let Event::Auction(a) = &events[1] else {
-            panic!()
-        };
+        let events = all(GeneratorConfig { events: Some(5000), ..Default::default() }, 1);
+        let persons = events.iter().filter(|e| matches!(e, Event::Person(_))).count();
+        let auctions = events.iter().filter(|e| matches!(e, Event::Auction(_))).count();
+        assert_eq!((persons, auctions, events.len() - persons - auctions), (100, 300, 4600));
+        let Event::Auction(a) = &events[1] else { panic!() };
         assert_eq!(a.id, 1000);
         assert!(a.expires > a.date_time && a.reserve > a.initial_bid);
         assert_eq!(events[0].time(), DEFAULT_BASE_TIME);
@@ -735,11 +617,7 @@ mod tests {
 
     #[test]
     fn out_of_order_is_bounded_and_holds_the_same_events() {
-        let config = GeneratorConfig {
-            events: Some(20_000),
-            max_out_of_order_ms: 300,
-            ..Default::default()
-        };
+        let config = GeneratorConfig { events: Some(20_000), max_out_of_order_ms: 300, ..Default::default() };
         let shuffled = all(config.clone(), 1);
         let mut max_seen: u64 = 0;
         let mut worst = 0;
@@ -749,13 +627,7 @@ mod tests {
         }
         assert!(worst <= 300 && worst > 100, "out-of-orderness {worst}");
         let mut a = shuffled;
-        let mut b = all(
-            GeneratorConfig {
-                max_out_of_order_ms: 0,
-                ..config
-            },
-            3,
-        );
+        let mut b = all(GeneratorConfig { max_out_of_order_ms: 0, ..config }, 3);
         a.sort();
         b.sort();
         assert_eq!(a, b);
@@ -763,24 +635,16 @@ mod tests {
 
     #[test]
     fn rewinding_resumes_at_the_offset() {
-        let config = GeneratorConfig {
-            events: Some(3000),
-            max_out_of_order_ms: 50,
-            ..Default::default()
-        };
+        let config = GeneratorConfig { events: Some(3000), max_out_of_order_ms: 50, ..Default::default() };
         let source = GeneratorSource::new(Arc::new(Generator::new(config).unwrap()), 2);
         let mut first = Vec::new();
         let mut reader = source.open(1, None).unwrap();
-        reader.read(700, &mut first, &mut Vec::new()).unwrap();
+        reader.read(700, &mut |e| first.push(e), &mut Vec::new()).unwrap();
         let offset = reader.offset();
         let mut rest = Vec::new();
-        reader.read(100, &mut rest, &mut Vec::new()).unwrap();
+        reader.read(100, &mut |e| rest.push(e), &mut Vec::new()).unwrap();
         let mut again = Vec::new();
-        source
-            .open(1, Some(offset))
-            .unwrap()
-            .read(100, &mut again, &mut Vec::new())
-            .unwrap();
+        source.open(1, Some(offset)).unwrap().read(100, &mut |e| again.push(e), &mut Vec::new()).unwrap();
         assert_eq!(rest, again);
     }
 }

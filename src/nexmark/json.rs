@@ -41,29 +41,19 @@ impl Decode for NexmarkDecoder {
     fn decode(&self, bytes: &[u8]) -> Result<Event, DecodeError> {
         let line: Line = serde_json::from_slice(bytes).map_err(|e| DecodeError(e.to_string()))?;
         let event = match (line.event_type, line.person, line.auction, line.bid) {
-            (0, Some(p), None, None) => Event::Person(p),
-            (1, None, Some(a), None) => Event::Auction(a),
+            (0, Some(p), None, None) => Event::Person(Box::new(p)),
+            (1, None, Some(a), None) => Event::Auction(Box::new(a)),
             (2, None, None, Some(b)) => Event::Bid(b),
             (t @ 0..=2, p, a, b) => {
                 let want = ["person", "auction", "bid"][t as usize];
-                let have: Vec<&str> = [
-                    ("person", p.is_some()),
-                    ("auction", a.is_some()),
-                    ("bid", b.is_some()),
-                ]
-                .into_iter()
-                .filter(|(_, present)| *present)
-                .map(|(k, _)| k)
-                .collect();
-                return Err(DecodeError(format!(
-                    "event_type {t} needs exactly the key \"{want}\", found {have:?}"
-                )));
+                let have: Vec<&str> = [("person", p.is_some()), ("auction", a.is_some()), ("bid", b.is_some())]
+                    .into_iter()
+                    .filter(|(_, present)| *present)
+                    .map(|(k, _)| k)
+                    .collect();
+                return Err(DecodeError(format!("event_type {t} needs exactly the key \"{want}\", found {have:?}")));
             }
-            (t, ..) => {
-                return Err(DecodeError(format!(
-                    "event_type {t} is not 0 (person), 1 (auction) or 2 (bid)"
-                )))
-            }
+            (t, ..) => return Err(DecodeError(format!("event_type {t} is not 0 (person), 1 (auction) or 2 (bid)"))),
         };
         if let Event::Auction(a) = &event {
             if a.expires <= a.date_time {
@@ -91,24 +81,9 @@ struct LineRef<'a> {
 /// Writes `event` as one line of the Nexmark format (with its `\n`).
 pub fn write_event<W: Write>(out: &mut W, event: &Event) -> std::io::Result<()> {
     let line = match event {
-        Event::Person(p) => LineRef {
-            event_type: 0,
-            person: Some(p),
-            auction: None,
-            bid: None,
-        },
-        Event::Auction(a) => LineRef {
-            event_type: 1,
-            person: None,
-            auction: Some(a),
-            bid: None,
-        },
-        Event::Bid(b) => LineRef {
-            event_type: 2,
-            person: None,
-            auction: None,
-            bid: Some(b),
-        },
+        Event::Person(p) => LineRef { event_type: 0, person: Some(p.as_ref()), auction: None, bid: None },
+        Event::Auction(a) => LineRef { event_type: 1, person: None, auction: Some(a.as_ref()), bid: None },
+        Event::Bid(b) => LineRef { event_type: 2, person: None, auction: None, bid: Some(b) },
     };
     serde_json::to_writer(&mut *out, &line)?;
     out.write_all(b"\n")

@@ -13,9 +13,7 @@ mod json;
 mod model;
 pub mod queries;
 
-pub use generator::{
-    ConfigError, Generator, GeneratorConfig, GeneratorReader, GeneratorSource, DEFAULT_BASE_TIME,
-};
+pub use generator::{ConfigError, Generator, GeneratorConfig, GeneratorReader, GeneratorSource, DEFAULT_BASE_TIME};
 pub use json::{write_event, NexmarkDecoder};
 pub use model::{Auction, Bid, Event, Person};
 pub use queries::{build, Query, QueryKind, QueryOptions, QueryOutput};

@@ -16,17 +16,13 @@ pub struct Collected<T> {
 
 impl<T> Clone for Collected<T> {
     fn clone(&self) -> Self {
-        Collected {
-            updates: Arc::clone(&self.updates),
-        }
+        Collected { updates: Arc::clone(&self.updates) }
     }
 }
 
 impl<T> Default for Collected<T> {
     fn default() -> Self {
-        Collected {
-            updates: Arc::new(Mutex::new(Vec::new())),
-        }
+        Collected { updates: Arc::new(Mutex::new(Vec::new())) }
     }
 }
 
@@ -75,15 +71,12 @@ impl<T: Clone + Ord> Collected<T> {
 /// ```
 pub fn collect<T: Data>(stream: &EventStream<'_, T>, into: &Collected<T>) {
     let target = Arc::clone(&into.updates);
-    stream
-        .inner
-        .clone()
-        .sink(Pipeline, "Collect", move |(input, _frontier)| {
-            input.for_each_stamp(|_cap, data| {
-                let mut target = target.lock().expect("collector lock");
-                for batch in data {
-                    target.extend(batch.drain(..));
-                }
-            });
+    stream.inner.clone().sink(Pipeline, "Collect", move |(input, _frontier)| {
+        input.for_each_stamp(|_cap, data| {
+            let mut target = target.lock().expect("collector lock");
+            for batch in data {
+                target.extend(batch.drain(..));
+            }
         });
+    });
 }

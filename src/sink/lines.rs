@@ -103,100 +103,85 @@ pub fn write_lines(
         }
         *writer = None;
     };
-    lines
-        .inner
-        .clone()
-        .sink(pact, "WriteLines", move |(input, frontier)| {
-            if !opened {
-                opened = true;
-                match open(&target) {
-                    Ok(mut w) => {
-                        let header_written = match &header {
-                            Some(line) => w
-                                .write_all(line.as_bytes())
-                                .and_then(|_| w.write_all(b"\n")),
-                            None => Ok(()),
-                        };
-                        match header_written {
-                            Ok(()) => writer = Some(w),
-                            Err(e) => fail(&h, &mut writer, e),
-                        }
+    lines.inner.clone().sink(pact, "WriteLines", move |(input, frontier)| {
+        if !opened {
+            opened = true;
+            match open(&target) {
+                Ok(mut w) => {
+                    let header_written = match &header {
+                        Some(line) => w.write_all(line.as_bytes()).and_then(|_| w.write_all(b"\n")),
+                        None => Ok(()),
+                    };
+                    match header_written {
+                        Ok(()) => writer = Some(w),
+                        Err(e) => fail(&h, &mut writer, e),
                     }
-                    Err(e) => fail(&h, &mut writer, e),
                 }
+                Err(e) => fail(&h, &mut writer, e),
             }
-            let mut written = 0u64;
-            let mut error = None;
-            input.for_each_stamp(|_cap, data| {
-                for batch in data {
-                    for (line, _time, diff) in batch.drain(..) {
-                        match mode {
-                            SinkMode::Table => *table.entry(line).or_insert(0) += diff,
-                            SinkMode::Append if diff < 0 => {
-                                h.unapplied_retractions.add(diff.unsigned_abs())
-                            }
-                            SinkMode::Append => {
-                                if let Some(w) = writer.as_mut() {
-                                    for _ in 0..diff {
-                                        if let Err(e) = w
-                                            .write_all(line.as_bytes())
-                                            .and_then(|_| w.write_all(b"\n"))
-                                        {
-                                            error = Some(e);
-                                        }
-                                        written += 1;
+        }
+        let mut written = 0u64;
+        let mut error = None;
+        input.for_each_stamp(|_cap, data| {
+            for batch in data {
+                for (line, _time, diff) in batch.drain(..) {
+                    match mode {
+                        SinkMode::Table => *table.entry(line).or_insert(0) += diff,
+                        SinkMode::Append if diff < 0 => h.unapplied_retractions.add(diff.unsigned_abs()),
+                        SinkMode::Append => {
+                            if let Some(w) = writer.as_mut() {
+                                for _ in 0..diff {
+                                    if let Err(e) = w.write_all(line.as_bytes()).and_then(|_| w.write_all(b"\n")) {
+                                        error = Some(e);
                                     }
+                                    written += 1;
                                 }
                             }
                         }
                     }
                 }
-            });
-            if let Some(e) = error.take() {
-                fail(&h, &mut writer, e);
             }
-            if frontier.is_empty() && !finished {
-                finished = true;
-                if mode == SinkMode::Table {
-                    let mut rows: Vec<_> = table.drain().filter(|(_, n)| *n != 0).collect();
-                    rows.sort();
-                    for (line, n) in rows {
-                        if n < 0 {
-                            h.unapplied_retractions.add(n.unsigned_abs());
-                            continue;
-                        }
-                        if let Some(w) = writer.as_mut() {
-                            for _ in 0..n {
-                                if let Err(e) = w
-                                    .write_all(line.as_bytes())
-                                    .and_then(|_| w.write_all(b"\n"))
-                                {
-                                    error = Some(e);
-                                }
-                                written += 1;
-                            }
-                        }
-                    }
-                }
-            }
-            if let Some(w) = writer.as_mut() {
-                if let Err(e) = w.flush() {
-                    error = Some(e);
-                }
-            }
-            if let Some(e) = error {
-                fail(&h, &mut writer, e);
-            }
-            h.lines.add(written);
         });
+        if let Some(e) = error.take() {
+            fail(&h, &mut writer, e);
+        }
+        if frontier.is_empty() && !finished {
+            finished = true;
+            if mode == SinkMode::Table {
+                let mut rows: Vec<_> = table.drain().filter(|(_, n)| *n != 0).collect();
+                rows.sort();
+                for (line, n) in rows {
+                    if n < 0 {
+                        h.unapplied_retractions.add(n.unsigned_abs());
+                        continue;
+                    }
+                    if let Some(w) = writer.as_mut() {
+                        for _ in 0..n {
+                            if let Err(e) = w.write_all(line.as_bytes()).and_then(|_| w.write_all(b"\n")) {
+                                error = Some(e);
+                            }
+                            written += 1;
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(w) = writer.as_mut() {
+            if let Err(e) = w.flush() {
+                error = Some(e);
+            }
+        }
+        if let Some(e) = error {
+            fail(&h, &mut writer, e);
+        }
+        h.lines.add(written);
+    });
     handle
 }
 
 fn open(target: &LineTarget) -> std::io::Result<Writer> {
     Ok(match target {
-        LineTarget::File(path) => {
-            Writer::File(BufWriter::with_capacity(1 << 20, File::create(path)?))
-        }
+        LineTarget::File(path) => Writer::File(BufWriter::with_capacity(1 << 20, File::create(path)?)),
         LineTarget::Stdout => Writer::Stdout(BufWriter::with_capacity(1 << 16, std::io::stdout())),
         LineTarget::Discard => Writer::Discard,
     })

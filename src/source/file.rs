@@ -46,10 +46,7 @@ pub struct JsonLines<Dec> {
 
 impl<Dec> std::fmt::Debug for JsonLines<Dec> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JsonLines")
-            .field("input", &self.input)
-            .field("blocks", &self.blocks.len())
-            .finish()
+        f.debug_struct("JsonLines").field("input", &self.input).field("blocks", &self.blocks.len()).finish()
     }
 }
 
@@ -72,37 +69,20 @@ impl<Dec: Decode> JsonLines<Dec> {
         let mut blocks = Vec::new();
         for (file, path) in paths.iter().enumerate() {
             let len = std::fs::metadata(path)
-                .map_err(|source| SourceError::Io {
-                    what: path.display().to_string(),
-                    source,
-                })?
+                .map_err(|source| SourceError::Io { what: path.display().to_string(), source })?
                 .len();
             let mut start = 0;
             while start < len {
-                blocks.push(Block {
-                    file,
-                    start,
-                    end: (start + block_size).min(len),
-                });
+                blocks.push(Block { file, start, end: (start + block_size).min(len) });
                 start += block_size;
             }
         }
-        Ok(JsonLines {
-            input: Input::Files(paths),
-            blocks,
-            decoder: Arc::new(decoder),
-            stdin: Mutex::new(None),
-        })
+        Ok(JsonLines { input: Input::Files(paths), blocks, decoder: Arc::new(decoder), stdin: Mutex::new(None) })
     }
 
     /// Reads standard input (one partition, on worker 0).
     pub fn stdin(decoder: Dec) -> Self {
-        JsonLines {
-            input: Input::Stdin,
-            blocks: Vec::new(),
-            decoder: Arc::new(decoder),
-            stdin: Mutex::new(None),
-        }
+        JsonLines { input: Input::Stdin, blocks: Vec::new(), decoder: Arc::new(decoder), stdin: Mutex::new(None) }
     }
 }
 
@@ -116,25 +96,16 @@ where
     fn partitions(&self) -> Result<Vec<String>, SourceError> {
         Ok(match &self.input {
             Input::Stdin => vec!["stdin".to_owned()],
-            Input::Files(paths) => self
-                .blocks
-                .iter()
-                .map(|b| format!("{}[{}..{})", paths[b.file].display(), b.start, b.end))
-                .collect(),
+            Input::Files(paths) => {
+                self.blocks.iter().map(|b| format!("{}[{}..{})", paths[b.file].display(), b.start, b.end)).collect()
+            }
         })
     }
 
-    fn open(
-        &self,
-        index: usize,
-        from: Option<Offset>,
-    ) -> Result<JsonLinesReader<Dec>, SourceError> {
+    fn open(&self, index: usize, from: Option<Offset>) -> Result<JsonLinesReader<Dec>, SourceError> {
         match &self.input {
             Input::Stdin => {
-                let mut slot = self
-                    .stdin
-                    .lock()
-                    .map_err(|_| SourceError::Config("stdin reader poisoned".into()))?;
+                let mut slot = self.stdin.lock().map_err(|_| SourceError::Config("stdin reader poisoned".into()))?;
                 let rx = slot.take().unwrap_or_else(spawn_stdin);
                 Ok(JsonLinesReader {
                     origin: "stdin".to_owned(),
@@ -148,15 +119,10 @@ where
                 })
             }
             Input::Files(paths) => {
-                let block = self
-                    .blocks
-                    .get(index)
-                    .ok_or_else(|| SourceError::Config(format!("no partition {index}")))?;
+                let block =
+                    self.blocks.get(index).ok_or_else(|| SourceError::Config(format!("no partition {index}")))?;
                 let path = &paths[block.file];
-                let io = |source| SourceError::Io {
-                    what: path.display().to_string(),
-                    source,
-                };
+                let io = |source| SourceError::Io { what: path.display().to_string(), source };
                 let mut file = File::open(path).map_err(io)?;
                 let mut reader = JsonLinesReader {
                     origin: path.display().to_string(),
@@ -266,10 +232,7 @@ impl<Dec: Decode> JsonLinesReader<Dec> {
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                         Err(source) => {
                             self.buf.truncate(old);
-                            return Err(SourceError::Io {
-                                what: self.origin.clone(),
-                                source,
-                            });
+                            return Err(SourceError::Io { what: self.origin.clone(), source });
                         }
                     }
                 };
@@ -313,7 +276,7 @@ impl<Dec: Decode> PartitionReader for JsonLinesReader<Dec> {
     fn read(
         &mut self,
         max: usize,
-        out: &mut Vec<Dec::Record>,
+        out: &mut dyn FnMut(Dec::Record),
         dead: &mut Vec<DeadLetter>,
     ) -> Result<ReadStatus, SourceError> {
         let mut taken = 0;
@@ -335,11 +298,7 @@ impl<Dec: Decode> PartitionReader for JsonLinesReader<Dec> {
                     if self.fill()? || self.eof {
                         continue;
                     }
-                    return Ok(if taken > 0 {
-                        ReadStatus::Data
-                    } else {
-                        ReadStatus::Idle
-                    });
+                    return Ok(if taken > 0 { ReadStatus::Data } else { ReadStatus::Idle });
                 }
             };
             let mut bytes = &self.buf[line];
@@ -348,10 +307,8 @@ impl<Dec: Decode> PartitionReader for JsonLinesReader<Dec> {
             }
             if !bytes.is_empty() {
                 match self.decoder.decode(bytes) {
-                    Ok(record) => out.push(record),
-                    Err(e) => {
-                        dead.push(DeadLetter::new(self.origin.clone(), line_start, e.0, bytes))
-                    }
+                    Ok(record) => out(record),
+                    Err(e) => dead.push(DeadLetter::new(self.origin.clone(), line_start, e.0, bytes)),
                 }
                 taken += 1;
             }

@@ -24,9 +24,7 @@ pub struct MemorySource<T> {
 impl<T> MemorySource<T> {
     /// A source with one partition per vector.
     pub fn new(partitions: Vec<Vec<T>>) -> Self {
-        MemorySource {
-            partitions: partitions.into_iter().map(Arc::new).collect(),
-        }
+        MemorySource { partitions: partitions.into_iter().map(Arc::new).collect() }
     }
 }
 
@@ -35,20 +33,12 @@ impl<T: Data + Sync> Source for MemorySource<T> {
     type Reader = MemoryReader<T>;
 
     fn partitions(&self) -> Result<Vec<String>, SourceError> {
-        Ok((0..self.partitions.len())
-            .map(|i| format!("memory-{i}"))
-            .collect())
+        Ok((0..self.partitions.len()).map(|i| format!("memory-{i}")).collect())
     }
 
     fn open(&self, index: usize, from: Option<Offset>) -> Result<MemoryReader<T>, SourceError> {
-        let records = self
-            .partitions
-            .get(index)
-            .ok_or_else(|| SourceError::Config(format!("no partition {index}")))?;
-        Ok(MemoryReader {
-            records: Arc::clone(records),
-            next: from.unwrap_or(0) as usize,
-        })
+        let records = self.partitions.get(index).ok_or_else(|| SourceError::Config(format!("no partition {index}")))?;
+        Ok(MemoryReader { records: Arc::clone(records), next: from.unwrap_or(0) as usize })
     }
 }
 
@@ -64,17 +54,13 @@ impl<T: Clone + 'static> PartitionReader for MemoryReader<T> {
     fn read(
         &mut self,
         max: usize,
-        out: &mut Vec<T>,
+        out: &mut dyn FnMut(T),
         _dead: &mut Vec<DeadLetter>,
     ) -> Result<ReadStatus, SourceError> {
         let end = (self.next + max).min(self.records.len());
-        out.extend_from_slice(&self.records[self.next..end]);
+        self.records[self.next..end].iter().cloned().for_each(out);
         self.next = end;
-        Ok(if end == self.records.len() {
-            ReadStatus::End
-        } else {
-            ReadStatus::Data
-        })
+        Ok(if end == self.records.len() { ReadStatus::End } else { ReadStatus::Data })
     }
     fn offset(&self) -> Offset {
         self.next as Offset

@@ -64,9 +64,7 @@ impl SourceError {
         match self {
             SourceError::Io { source, .. } => matches!(
                 source.kind(),
-                std::io::ErrorKind::Interrupted
-                    | std::io::ErrorKind::WouldBlock
-                    | std::io::ErrorKind::TimedOut
+                std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
             ),
             SourceError::Config(_) => false,
         }
@@ -101,11 +99,12 @@ pub trait Source: Send + Sync + 'static {
 pub trait PartitionReader: 'static {
     /// The decoded record.
     type Record;
-    /// Reads up to `max` records into `out` and undecodable ones into `dead`.
+    /// Reads up to `max` records, handing each to `out` (undecodable ones go
+    /// to `dead`).
     fn read(
         &mut self,
         max: usize,
-        out: &mut Vec<Self::Record>,
+        out: &mut dyn FnMut(Self::Record),
         dead: &mut Vec<DeadLetter>,
     ) -> Result<ReadStatus, SourceError>;
     /// The offset after the last record returned.

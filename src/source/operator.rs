@@ -117,11 +117,7 @@ where
     let names = source.partitions()?;
     let mut queue = VecDeque::new();
     for i in (0..names.len()).filter(|i| i % peers == index) {
-        let from = options
-            .start_offsets
-            .iter()
-            .find(|(p, _)| *p == i)
-            .map(|(_, o)| *o);
+        let from = options.start_offsets.iter().find(|(p, _)| *p == i).map(|(_, o)| *o);
         queue.push_back((i, source.open(i, from)?));
     }
     tracing::debug!(source = %options.name, worker = index, partitions = queue.len(), "opened source partitions");
@@ -131,10 +127,8 @@ where
     let activator = scope.activator_for(address);
     let (events_out, events) = builder.new_output();
     let (dead_out, dead) = builder.new_output();
-    let mut events_out =
-        OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<S::Record>>>>::from(events_out);
-    let mut dead_out =
-        OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<DeadLetter>>>>::from(dead_out);
+    let mut events_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<S::Record>>>>::from(events_out);
+    let mut dead_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<DeadLetter>>>>::from(dead_out);
     let metrics = metrics.clone();
     let concurrent = source.concurrent_partitions().max(1);
 
@@ -142,7 +136,6 @@ where
         let mut dead_cap = capabilities.pop();
         let mut cap = capabilities.pop();
         let mut open: Vec<Partition<S::Reader>> = Vec::new();
-        let mut records = Vec::new();
         let mut updates: Vec<Update<S::Record>> = Vec::new();
         let mut dead_letters = Vec::new();
         let mut in_flight: VecDeque<(Timestamp, usize)> = VecDeque::new();
@@ -190,7 +183,16 @@ where
                 let mut events = events_out.activate();
                 let mut dead = dead_out.activate();
                 for partition in open.iter_mut() {
-                    let status = match partition.reader.read(options.batch_size, &mut records, &mut dead_letters) {
+                    // The batch goes out at the partition's watermark before it.
+                    let emit_at = (*held.time()).max(partition.watermark.current());
+                    let (mut max_time, mut late) = (0, 0);
+                    let mut take = |record: S::Record| {
+                        let time = time_of(&record);
+                        max_time = max_time.max(time);
+                        late += u64::from(time < emit_at);
+                        updates.push((record, time, 1));
+                    };
+                    let status = match partition.reader.read(options.batch_size, &mut take, &mut dead_letters) {
                         Ok(status) => status,
                         Err(e) if e.is_retryable() => {
                             tracing::warn!(source = %options.name, partition = partition.index, "retrying after: {e}");
@@ -204,19 +206,10 @@ where
                             ReadStatus::End
                         }
                     };
-                    if !records.is_empty() || !dead_letters.is_empty() {
+                    if !updates.is_empty() || !dead_letters.is_empty() {
                         any_data = true;
                         partition.watermark.touch(now);
                         partition.idle = false;
-                        let emit_at = (*held.time()).max(partition.watermark.current());
-                        let mut max_time = 0;
-                        let mut late = 0;
-                        for record in records.drain(..) {
-                            let time = time_of(&record);
-                            max_time = max_time.max(time);
-                            late += u64::from(time < emit_at);
-                            updates.push((record, time, 1));
-                        }
                         let n = updates.len();
                         if n > 0 {
                             partition.watermark.observe(max_time);
@@ -273,8 +266,5 @@ where
         }
     });
 
-    Ok(SourceStreams {
-        events: EventStream::new(events),
-        dead_letters: EventStream::new(dead),
-    })
+    Ok(SourceStreams { events: EventStream::new(events), dead_letters: EventStream::new(dead) })
 }

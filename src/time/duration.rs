@@ -8,9 +8,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A parse error naming the text and what was expected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "invalid duration {text:?}: expected a whole number followed by ms, s, m or h (e.g. 4s, 250ms)"
-)]
+#[error("invalid duration {text:?}: expected a whole number followed by ms, s, m or h (e.g. 4s, 250ms)")]
 pub struct DurationError {
     /// The text that did not parse.
     pub text: String,
@@ -29,9 +27,7 @@ pub fn parse_duration(text: &str) -> Result<u64, DurationError> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
-    let err = || DurationError {
-        text: text.to_owned(),
-    };
+    let err = || DurationError { text: text.to_owned() };
     let n: u64 = number.parse().map_err(|_| err())?;
     let scale = match unit.trim() {
         "" | "ms" => 1,

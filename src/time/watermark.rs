@@ -45,9 +45,7 @@ impl WatermarkStrategy {
     pub fn watermark(&self, max_seen: Option<Timestamp>) -> Timestamp {
         match (self, max_seen) {
             (_, None) | (WatermarkStrategy::AtEnd, _) => 0,
-            (WatermarkStrategy::BoundedOutOfOrderness { bound }, Some(max)) => {
-                max.saturating_sub(*bound)
-            }
+            (WatermarkStrategy::BoundedOutOfOrderness { bound }, Some(max)) => max.saturating_sub(*bound),
             (WatermarkStrategy::Monotonous, Some(max)) => max,
         }
     }
@@ -65,12 +63,7 @@ pub struct PartitionWatermark {
 impl PartitionWatermark {
     /// A partition that has seen nothing yet.
     pub fn new(strategy: WatermarkStrategy, idle_timeout: Option<Duration>) -> Self {
-        PartitionWatermark {
-            strategy,
-            max_seen: None,
-            last_record: Instant::now(),
-            idle_timeout,
-        }
+        PartitionWatermark { strategy, max_seen: None, last_record: Instant::now(), idle_timeout }
     }
 
     /// Takes a record's event time into account.
@@ -93,8 +86,7 @@ impl PartitionWatermark {
 
     /// Whether the partition has had no record for longer than the idle timeout.
     pub fn is_idle(&self, now: Instant) -> bool {
-        self.idle_timeout
-            .is_some_and(|t| now.duration_since(self.last_record) > t)
+        self.idle_timeout.is_some_and(|t| now.duration_since(self.last_record) > t)
     }
 
     /// The greatest event time seen, if any.
@@ -118,10 +110,7 @@ mod tests {
 
     #[test]
     fn idleness_needs_a_timeout() {
-        let w = PartitionWatermark::new(
-            WatermarkStrategy::Monotonous,
-            Some(Duration::from_millis(0)),
-        );
+        let w = PartitionWatermark::new(WatermarkStrategy::Monotonous, Some(Duration::from_millis(0)));
         std::thread::sleep(Duration::from_millis(2));
         assert!(w.is_idle(Instant::now()));
         let w = PartitionWatermark::new(WatermarkStrategy::Monotonous, None);

@@ -3,9 +3,7 @@
 
 use std::sync::Arc;
 
-use highwater::nexmark::{
-    build, Event, Generator, GeneratorConfig, GeneratorSource, Query, QueryOptions,
-};
+use highwater::nexmark::{build, Event, Generator, GeneratorConfig, GeneratorSource, Query, QueryOptions};
 use highwater::operators::Timestamp;
 use highwater::sink::{collect, Collected};
 use highwater::source::{read, SourceMetrics, SourceOptions};
@@ -14,12 +12,7 @@ use highwater_operators::Counter;
 
 /// The generator configuration the Nexmark tests use: 30 s of event time.
 pub(crate) fn config(events: u64, out_of_order_ms: u64) -> GeneratorConfig {
-    GeneratorConfig {
-        events: Some(events),
-        rate: 2_000.0,
-        max_out_of_order_ms: out_of_order_ms,
-        ..Default::default()
-    }
+    GeneratorConfig { events: Some(events), rate: 2_000.0, max_out_of_order_ms: out_of_order_ms, ..Default::default() }
 }
 
 /// All events of a configuration, by number.
@@ -45,20 +38,10 @@ pub(crate) fn run_query(
         let options = options.clone();
         worker.dataflow::<Timestamp, _, _>(|scope| {
             let source = Arc::new(GeneratorSource::new(generator, scope.peers()));
-            let source_options = SourceOptions {
-                watermark: WatermarkStrategy::bounded(4_000),
-                batch_size: 257,
-                ..Default::default()
-            };
-            let streams = read(
-                scope,
-                source,
-                |e: &Event| e.time(),
-                source_options,
-                &SourceMetrics::default(),
-                None,
-            )
-            .unwrap();
+            let source_options =
+                SourceOptions { watermark: WatermarkStrategy::bounded(4_000), batch_size: 257, ..Default::default() };
+            let streams =
+                read(scope, source, |e: &Event| e.time(), source_options, &SourceMetrics::default(), None).unwrap();
             let output = build(query, &streams.events, &options);
             l.lock().unwrap().extend(output.late.iter().cloned());
             collect(&output.rows, &o);

@@ -50,11 +50,7 @@ struct State<K, Acc, O> {
 
 impl<K: Key, Acc, O: Clone> State<K, Acc, O> {
     fn new() -> Self {
-        State {
-            buckets: BTreeMap::new(),
-            fired_upto: 0,
-            dirty: Vec::new(),
-        }
+        State { buckets: BTreeMap::new(), fired_upto: 0, dirty: Vec::new() }
     }
 
     /// The slot of `window` and `key`, creating it; a window that has not
@@ -69,10 +65,10 @@ impl<K: Key, Acc, O: Clone> State<K, Acc, O> {
         init: impl FnOnce() -> Acc,
     ) -> &mut Slot<Acc, O> {
         let fired = window.end <= self.fired_upto;
-        let bucket = self.buckets.entry(window.end).or_insert_with(|| Bucket {
-            emit_at: Timestamp::MAX,
-            slots: StateMap::default(),
-        });
+        let bucket = self
+            .buckets
+            .entry(window.end)
+            .or_insert_with(|| Bucket { emit_at: Timestamp::MAX, slots: StateMap::default() });
         if !fired {
             let needed = (window.end - 1).max(arrived);
             if needed < bucket.emit_at {
@@ -83,14 +79,11 @@ impl<K: Key, Acc, O: Clone> State<K, Acc, O> {
                 hold.insert(needed, cap);
             }
         }
-        let slot = bucket
-            .slots
-            .entry((window.start, key.clone()))
-            .or_insert_with(|| Slot {
-                acc: init(),
-                emitted: None,
-                dirty: false,
-            });
+        let slot = bucket.slots.entry((window.start, key.clone())).or_insert_with(|| Slot {
+            acc: init(),
+            emitted: None,
+            dirty: false,
+        });
         if fired && !slot.dirty {
             slot.dirty = true;
             self.dirty.push((window.end, window.start, key.clone()));
@@ -151,8 +144,7 @@ where
                                 continue;
                             }
                             taken = true;
-                            let slot =
-                                state.slot(*window, &k, arrived, &mut hold, &cap, || agg.init());
+                            let slot = state.slot(*window, &k, arrived, &mut hold, &cap, || agg.init());
                             agg.update(&mut slot.acc, &record, diff);
                         }
                         if !taken {
@@ -174,27 +166,11 @@ where
                         slot.dirty = false;
                         let window = Window::new(start, end);
                         if let Some(old) = slot.emitted.take() {
-                            session.give((
-                                WindowResult {
-                                    window,
-                                    key: k.clone(),
-                                    value: old,
-                                },
-                                end - 1,
-                                -1,
-                            ));
+                            session.give((WindowResult { window, key: k.clone(), value: old }, end - 1, -1));
                         }
                         if let Some(new) = agg.output(&slot.acc) {
                             slot.emitted = Some(new.clone());
-                            session.give((
-                                WindowResult {
-                                    window,
-                                    key: k,
-                                    value: new,
-                                },
-                                end - 1,
-                                1,
-                            ));
+                            session.give((WindowResult { window, key: k, value: new }, end - 1, 1));
                         }
                     }
                 }
@@ -202,10 +178,7 @@ where
 
             let watermark = watermark_of(&frontiers[0]);
             if watermark > state.fired_upto {
-                let range = (
-                    Bound::Excluded(state.fired_upto),
-                    Bound::Included(watermark),
-                );
+                let range = (Bound::Excluded(state.fired_upto), Bound::Included(watermark));
                 for (&end, bucket) in state.buckets.range_mut(range) {
                     let cap = hold.at(bucket.emit_at);
                     let mut session = results.session(&cap);
@@ -213,15 +186,7 @@ where
                         if let Some(value) = agg.output(&slot.acc) {
                             slot.emitted = Some(value.clone());
                             let window = Window::new(*start, end);
-                            session.give((
-                                WindowResult {
-                                    window,
-                                    key: k.clone(),
-                                    value,
-                                },
-                                end - 1,
-                                1,
-                            ));
+                            session.give((WindowResult { window, key: k.clone(), value }, end - 1, 1));
                         }
                     }
                     hold.remove(bucket.emit_at);
@@ -241,9 +206,6 @@ where
 
     Windowed {
         results: EventStream::new(results),
-        late: LateOutput {
-            stream: EventStream::new(late),
-            count: late_count,
-        },
+        late: LateOutput { stream: EventStream::new(late), count: late_count },
     }
 }

@@ -60,26 +60,15 @@ impl CountWindows {
     /// If `size` is zero.
     pub fn tumbling(size: u64) -> Self {
         assert!(size > 0, "a count window holds at least one record");
-        CountWindows {
-            size,
-            slide: size,
-            tumbling: true,
-        }
+        CountWindows { size, slide: size, tumbling: true }
     }
     /// Every `slide` records, the last `size` records ("the last N events").
     ///
     /// # Panics
     /// If `size` or `slide` is zero.
     pub fn sliding(size: u64, slide: u64) -> Self {
-        assert!(
-            size > 0 && slide > 0,
-            "count windows need a positive size and slide"
-        );
-        CountWindows {
-            size,
-            slide,
-            tumbling: false,
-        }
+        assert!(size > 0 && slide > 0, "count windows need a positive size and slide");
+        CountWindows { size, slide, tumbling: false }
     }
 
     /// Whether a window ends at the record with absolute index `i`, and where it starts.
@@ -146,10 +135,8 @@ where
     let mut input = builder.new_input(stream.inner.clone(), pact);
     let (results_out, results) = builder.new_output();
     let (late_out, late) = builder.new_output();
-    let mut results_out = OutputBuilder::<
-        _,
-        CapacityContainerBuilder<Vec<Update<WindowResult<K, A::Output>>>>,
-    >::from(results_out);
+    let mut results_out =
+        OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<WindowResult<K, A::Output>>>>>::from(results_out);
     let mut late_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<D>>>>::from(late_out);
     let late_count = Counter::new();
     let counter = late_count.clone();
@@ -168,9 +155,7 @@ where
             };
             let first = first.max(state.base);
             let mut acc = agg.init();
-            let records = state
-                .history
-                .range((first - state.base) as usize..=(i - state.base) as usize);
+            let records = state.history.range((first - state.base) as usize..=(i - state.base) as usize);
             let mut window = Window::new(Timestamp::MAX, 0);
             for (t, d) in records {
                 agg.update(&mut acc, d, 1);
@@ -178,15 +163,7 @@ where
                 window.end = window.end.max(t + 1);
             }
             if let Some(value) = agg.output(&acc) {
-                out.push((
-                    WindowResult {
-                        window,
-                        key: k.clone(),
-                        value: value.clone(),
-                    },
-                    window.end - 1,
-                    1,
-                ));
+                out.push((WindowResult { window, key: k.clone(), value: value.clone() }, window.end - 1, 1));
                 emitted.push((i, window, value));
             }
         }
@@ -208,10 +185,7 @@ where
                 let arrived = arrival_time(&cap);
                 for batch in data {
                     for (record, time, diff) in batch.drain(..) {
-                        assert!(
-                            diff > 0,
-                            "count windows take insertions only (got diff {diff})"
-                        );
+                        assert!(diff > 0, "count windows take insertions only (got diff {diff})");
                         // Too late by its own time: judged first, so that the outcome
                         // does not depend on how far this operator has got.
                         if lateness.release_at(time.saturating_add(1)) <= arrived {
@@ -233,26 +207,11 @@ where
                             emitted: VecDeque::new(),
                         });
                         for _ in 0..diff {
-                            let pos = state
-                                .history
-                                .partition_point(|(t, d)| (*t, d) <= (time, &record));
+                            let pos = state.history.partition_point(|(t, d)| (*t, d) <= (time, &record));
                             let abs = state.base + pos as u64;
-                            while state
-                                .emitted
-                                .back()
-                                .is_some_and(|(last, _, _)| *last >= abs)
-                            {
-                                let (_, window, value) =
-                                    state.emitted.pop_back().expect("checked non-empty");
-                                out.push((
-                                    WindowResult {
-                                        window,
-                                        key: k.clone(),
-                                        value,
-                                    },
-                                    window.end - 1,
-                                    -1,
-                                ));
+                            while state.emitted.back().is_some_and(|(last, _, _)| *last >= abs) {
+                                let (_, window, value) = state.emitted.pop_back().expect("checked non-empty");
+                                out.push((WindowResult { window, key: k.clone(), value }, window.end - 1, -1));
                             }
                             state.history.insert(pos, (time, record.clone()));
                             let end = state.base + state.history.len() as u64;
@@ -269,9 +228,7 @@ where
             let watermark = watermark_of(&frontiers[0]);
             if watermark > processed_upto {
                 processed_upto = watermark;
-                while let Some((time, mut records, emit_at)) =
-                    waiting.pop_before(watermark, &mut hold)
-                {
+                while let Some((time, mut records, emit_at)) = waiting.pop_before(watermark, &mut hold) {
                     records.sort();
                     for record in records {
                         let k = key(&record);
@@ -286,29 +243,19 @@ where
                         state.emitted.extend(emitted.drain(..));
                     }
                     if !out.is_empty() {
-                        results
-                            .session(&hold.at(emit_at))
-                            .give_iterator(out.drain(..));
+                        results.session(&hold.at(emit_at)).give_iterator(out.drain(..));
                     }
                 }
                 // Keep the records a late record could still shift, plus a window's worth before them.
                 let horizon = watermark.saturating_sub(lateness.0);
                 keys.retain(|_, state| {
-                    let recent =
-                        state.base + state.history.partition_point(|(t, _)| *t < horizon) as u64;
-                    let keep_from = if spec.tumbling {
-                        recent - recent % spec.size
-                    } else {
-                        recent.saturating_sub(spec.size - 1)
-                    }
-                    .max(state.base);
+                    let recent = state.base + state.history.partition_point(|(t, _)| *t < horizon) as u64;
+                    let keep_from =
+                        if spec.tumbling { recent - recent % spec.size } else { recent.saturating_sub(spec.size - 1) }
+                            .max(state.base);
                     state.history.drain(..(keep_from - state.base) as usize);
                     state.base = keep_from;
-                    while state
-                        .emitted
-                        .front()
-                        .is_some_and(|(last, _, _)| *last < recent)
-                    {
+                    while state.emitted.front().is_some_and(|(last, _, _)| *last < recent) {
                         state.emitted.pop_front();
                     }
                     // An empty key is forgotten only where the count restarts at 0.
@@ -321,9 +268,6 @@ where
 
     Windowed {
         results: EventStream::new(results),
-        late: LateOutput {
-            stream: EventStream::new(late),
-            count: late_count,
-        },
+        late: LateOutput { stream: EventStream::new(late), count: late_count },
     }
 }

@@ -218,8 +218,7 @@ struct KeyWindow<Acc, S, O> {
     timer: Option<Timestamp>,
 }
 
-type KeyWindowOf<D, T, A> =
-    KeyWindow<<A as Aggregate<D>>::Acc, <T as Trigger<D>>::State, <A as Aggregate<D>>::Output>;
+type KeyWindowOf<D, T, A> = KeyWindow<<A as Aggregate<D>>::Acc, <T as Trigger<D>>::State, <A as Aggregate<D>>::Output>;
 
 impl<D: Data + Ord, T: Trigger<D>> WindowSpec<D> for GlobalWindows<T> {
     fn aggregate_core<'scope, K, KF, A>(
@@ -241,10 +240,7 @@ impl<D: Data + Ord, T: Trigger<D>> WindowSpec<D> for GlobalWindows<T> {
 }
 
 fn wall_clock_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -265,26 +261,10 @@ fn act<K: Key, D, T: Trigger<D>, A: Aggregate<D>>(
     };
     if fire {
         if let Some((old_window, old)) = w.emitted.take() {
-            out.push((
-                WindowResult {
-                    window: old_window,
-                    key: k.clone(),
-                    value: old,
-                },
-                time,
-                -1,
-            ));
+            out.push((WindowResult { window: old_window, key: k.clone(), value: old }, time, -1));
         }
         if let Some(value) = agg.output(&w.acc) {
-            out.push((
-                WindowResult {
-                    window,
-                    key: k.clone(),
-                    value: value.clone(),
-                },
-                time,
-                1,
-            ));
+            out.push((WindowResult { window, key: k.clone(), value: value.clone() }, time, 1));
             w.emitted = Some((window, value));
         }
     }
@@ -321,10 +301,8 @@ where
     let mut input = builder.new_input(stream.inner.clone(), pact);
     let (results_out, results) = builder.new_output();
     let (late_out, late) = builder.new_output();
-    let mut results_out = OutputBuilder::<
-        _,
-        CapacityContainerBuilder<Vec<Update<WindowResult<K, A::Output>>>>,
-    >::from(results_out);
+    let mut results_out =
+        OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<WindowResult<K, A::Output>>>>>::from(results_out);
     let mut late_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<D>>>>::from(late_out);
     let late_count = Counter::new();
     let counter = late_count.clone();
@@ -360,24 +338,14 @@ where
                        out: &mut Vec<_>,
                        emit_time: Timestamp| {
                 let k = key(&record);
-                let w = windows
-                    .entry(k.clone())
-                    .or_insert_with(|| new_window(&agg, time));
+                let w = windows.entry(k.clone()).or_insert_with(|| new_window(&agg, time));
                 if !w.filled {
                     w.filled = true;
                     w.start = time;
                 }
                 agg.update(&mut w.acc, &record, 1);
                 let action = trigger.on_record(&mut w.trigger, &record, time);
-                act::<K, D, T, A>(
-                    action,
-                    &k,
-                    w,
-                    Window::new(w.start, time + 1),
-                    emit_time,
-                    &agg,
-                    out,
-                );
+                act::<K, D, T, A>(action, &k, w, Window::new(w.start, time + 1), emit_time, &agg, out);
                 if let Some(at) = trigger.next_event_time(&w.trigger, time) {
                     if w.timer.is_none_or(|t| at < t) && at > processed_upto {
                         w.timer = Some(at);
@@ -390,10 +358,7 @@ where
                 let arrived = arrival_time(&cap);
                 for batch in data {
                     for (record, time, diff) in batch.drain(..) {
-                        assert!(
-                            diff > 0,
-                            "global windows take insertions only (got diff {diff})"
-                        );
+                        assert!(diff > 0, "global windows take insertions only (got diff {diff})");
                         for _ in 0..diff {
                             if lateness.release_at(time.saturating_add(1)) <= arrived {
                                 late.session(&cap).give((record.clone(), time, 1));
@@ -401,14 +366,7 @@ where
                             } else if time >= processed_upto {
                                 waiting.insert(record.clone(), time, arrived, &mut hold, &cap);
                             } else {
-                                add(
-                                    record.clone(),
-                                    time,
-                                    &mut windows,
-                                    &mut timers,
-                                    &mut out,
-                                    arrived,
-                                );
+                                add(record.clone(), time, &mut windows, &mut timers, &mut out, arrived);
                             }
                         }
                     }
@@ -424,10 +382,7 @@ where
                 // fires before records at `t` are added.
                 loop {
                     let next_record = waiting.first_time().filter(|t| *t < watermark);
-                    let next_timer = timers
-                        .first_key_value()
-                        .map(|(t, _)| *t)
-                        .filter(|t| *t <= watermark);
+                    let next_timer = timers.first_key_value().map(|(t, _)| *t).filter(|t| *t <= watermark);
                     match (next_record, next_timer) {
                         (_, Some(t)) if next_record.is_none_or(|r| t <= r) => {
                             let (t, due) = timers.pop_first().expect("checked above");
@@ -441,35 +396,22 @@ where
                                 }
                                 w.timer = None;
                                 let action = trigger.on_event_time(&mut w.trigger, t);
-                                act::<K, D, T, A>(
-                                    action,
-                                    &k,
-                                    w,
-                                    Window::new(w.start, t),
-                                    emit,
-                                    &agg,
-                                    &mut out,
-                                );
+                                act::<K, D, T, A>(action, &k, w, Window::new(w.start, t), emit, &agg, &mut out);
                             }
                             if !out.is_empty() {
-                                results
-                                    .session(&hold.at_or_after(emit))
-                                    .give_iterator(out.drain(..));
+                                results.session(&hold.at_or_after(emit)).give_iterator(out.drain(..));
                             }
                         }
                         (Some(_), _) => {
-                            let (time, mut records, emit_at) = waiting
-                                .pop_before(watermark, &mut hold)
-                                .expect("checked above");
+                            let (time, mut records, emit_at) =
+                                waiting.pop_before(watermark, &mut hold).expect("checked above");
                             // Ties in one millisecond in the records' own order, not arrival order.
                             records.sort();
                             for record in records {
                                 add(record, time, &mut windows, &mut timers, &mut out, emit_at);
                             }
                             if !out.is_empty() {
-                                results
-                                    .session(&hold.at(emit_at))
-                                    .give_iterator(out.drain(..));
+                                results.session(&hold.at(emit_at)).give_iterator(out.drain(..));
                             }
                         }
                         _ => break,
@@ -496,34 +438,26 @@ where
                         act::<K, D, T, A>(action, k, w, window, emit, &agg, &mut out);
                     }
                     if !out.is_empty() {
-                        results
-                            .session(&hold.at_or_after(emit))
-                            .give_iterator(out.drain(..));
+                        results.session(&hold.at_or_after(emit)).give_iterator(out.drain(..));
                     }
                     out.clear();
                     last_period = this_period;
                 }
                 if !ended {
-                    activator.activate_after(std::time::Duration::from_millis(
-                        last_period + period - now,
-                    ));
+                    activator.activate_after(std::time::Duration::from_millis(last_period + period - now));
                 }
             }
             windows.retain(|_, w| w.filled || w.timer.is_some() || w.emitted.is_some());
             // Processing-time firings may come at any moment: hold the watermark while windows are filled.
-            let floor = (period.is_some() && windows.values().any(|w| w.filled)
-                || !timers.is_empty())
-            .then_some(processed_upto)
-            .filter(|t| *t < END_OF_TIME);
+            let floor = (period.is_some() && windows.values().any(|w| w.filled) || !timers.is_empty())
+                .then_some(processed_upto)
+                .filter(|t| *t < END_OF_TIME);
             hold.settle(floor);
         }
     });
 
     Windowed {
         results: EventStream::new(results),
-        late: LateOutput {
-            stream: EventStream::new(late),
-            count: late_count,
-        },
+        late: LateOutput { stream: EventStream::new(late), count: late_count },
     }
 }

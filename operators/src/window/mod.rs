@@ -48,8 +48,7 @@ use crate::time::{AllowedLateness, Timestamp};
 
 pub use count::CountWindows;
 pub use global::{
-    CountTrigger, EventTimeTrigger, GlobalWindows, ProcessingTimeTrigger, Purging, Trigger,
-    TriggerAction,
+    CountTrigger, EventTimeTrigger, GlobalWindows, ProcessingTimeTrigger, Purging, Trigger, TriggerAction,
 };
 pub use session::Session;
 
@@ -150,10 +149,7 @@ impl Sliding {
     /// # Panics
     /// If `slide` is zero or larger than `size`.
     pub fn of(size: u64, slide: u64) -> Self {
-        assert!(
-            slide > 0 && slide <= size,
-            "a sliding window needs 0 < slide <= size"
-        );
+        assert!(slide > 0 && slide <= size, "a sliding window needs 0 < slide <= size");
         Sliding { size, slide }
     }
 }
@@ -283,17 +279,8 @@ impl<'scope, D: Data> EventStream<'scope, D> {
 
 impl<'scope, D: Data, W: WindowSpec<D>, KF> WindowedStream<'scope, D, W, KF> {
     /// Computes one result per window and key.
-    pub fn key_by<K: Key, KF2: Fn(&D) -> K + 'static>(
-        self,
-        key: KF2,
-    ) -> WindowedStream<'scope, D, W, KF2> {
-        WindowedStream {
-            stream: self.stream,
-            windows: self.windows,
-            key,
-            lateness: self.lateness,
-            name: self.name,
-        }
+    pub fn key_by<K: Key, KF2: Fn(&D) -> K + 'static>(self, key: KF2) -> WindowedStream<'scope, D, W, KF2> {
+        WindowedStream { stream: self.stream, windows: self.windows, key, lateness: self.lateness, name: self.name }
     }
 
     /// Lets records up to `ms` milliseconds after a window's end correct it.
@@ -315,8 +302,7 @@ impl<'scope, D: Data, W: WindowSpec<D>, KF> WindowedStream<'scope, D, W, KF> {
         KF: Fn(&D) -> K + 'static,
         A: Aggregate<D>,
     {
-        self.windows
-            .aggregate_core(&self.stream, &self.name, self.key, self.lateness, aggregate)
+        self.windows.aggregate_core(&self.stream, &self.name, self.key, self.lateness, aggregate)
     }
 }
 
@@ -344,15 +330,9 @@ mod tests {
 
     #[test]
     fn sliding_covers_every_window_containing_the_time() {
-        assert_eq!(
-            windows(&Sliding::of(10, 2), 13),
-            vec![(4, 14), (6, 16), (8, 18), (10, 20), (12, 22)]
-        );
+        assert_eq!(windows(&Sliding::of(10, 2), 13), vec![(4, 14), (6, 16), (8, 18), (10, 20), (12, 22)]);
         assert_eq!(windows(&Sliding::of(10, 2), 3), vec![(0, 10), (2, 12)]);
         assert_eq!(windows(&Sliding::of(10, 10), 3), vec![(0, 10)]);
-        assert_eq!(
-            windows(&Sliding::of(10, 3), 10),
-            vec![(3, 13), (6, 16), (9, 19)]
-        );
+        assert_eq!(windows(&Sliding::of(10, 3), 10), vec![(3, 13), (6, 16), (9, 19)]);
     }
 }

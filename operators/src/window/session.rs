@@ -124,10 +124,8 @@ where
     let mut input = builder.new_input(stream.inner.clone(), pact);
     let (results_out, results) = builder.new_output();
     let (late_out, late) = builder.new_output();
-    let mut results_out = OutputBuilder::<
-        _,
-        CapacityContainerBuilder<Vec<Update<WindowResult<K, A::Output>>>>,
-    >::from(results_out);
+    let mut results_out =
+        OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<WindowResult<K, A::Output>>>>>::from(results_out);
     let mut late_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<D>>>>::from(late_out);
     let late_count = Counter::new();
     let counter = late_count.clone();
@@ -153,19 +151,14 @@ where
                 for batch in data {
                     for (record, time, diff) in batch.drain(..) {
                         let k = key(&record);
-                        let state = keys.entry(k.clone()).or_insert_with(|| KeyState {
-                            sessions: Vec::new(),
-                            timer: Timestamp::MAX,
-                        });
+                        let state = keys
+                            .entry(k.clone())
+                            .or_insert_with(|| KeyState { sessions: Vec::new(), timer: Timestamp::MAX });
                         // Sessions the record's proto-window [time, time + gap] touches.
                         let mut merged = Window::new(time, time.saturating_add(gap));
-                        let first = state
-                            .sessions
-                            .partition_point(|s| s.window.end < merged.start);
+                        let first = state.sessions.partition_point(|s| s.window.end < merged.start);
                         let mut last = first;
-                        while last < state.sessions.len()
-                            && state.sessions[last].window.start <= merged.end
-                        {
+                        while last < state.sessions.len() && state.sessions[last].window.start <= merged.end {
                             merged.start = merged.start.min(state.sessions[last].window.start);
                             merged.end = merged.end.max(state.sessions[last].window.end);
                             last += 1;
@@ -185,38 +178,20 @@ where
                         for old in retired.drain(..) {
                             agg.merge(&mut acc, old.acc);
                             if let Some((window, value)) = old.emitted {
-                                corrections.give((
-                                    WindowResult {
-                                        window,
-                                        key: k.clone(),
-                                        value,
-                                    },
-                                    window.end,
-                                    -1,
-                                ));
+                                corrections.give((WindowResult { window, key: k.clone(), value }, window.end, -1));
                             }
                             if !old.fired {
                                 hold.remove(old.emit_at);
                             }
                         }
                         let fired = complete_at(&merged) <= fired_upto;
-                        let mut session = Sess {
-                            window: merged,
-                            acc,
-                            emitted: None,
-                            emit_at: Timestamp::MAX,
-                            fired,
-                        };
+                        let mut session = Sess { window: merged, acc, emitted: None, emit_at: Timestamp::MAX, fired };
                         if fired {
                             // Complete already: its (corrected) result goes out now.
                             if let Some(value) = agg.output(&session.acc) {
                                 session.emitted = Some((merged, value.clone()));
                                 corrections.give((
-                                    WindowResult {
-                                        window: merged,
-                                        key: k.clone(),
-                                        value,
-                                    },
+                                    WindowResult { window: merged, key: k.clone(), value },
                                     merged.end,
                                     1,
                                 ));
@@ -226,11 +201,7 @@ where
                             session.emit_at = needed;
                             hold.insert(needed, &cap);
                         }
-                        let next = if fired {
-                            lateness.release_at(complete_at(&merged))
-                        } else {
-                            complete_at(&merged)
-                        };
+                        let next = if fired { lateness.release_at(complete_at(&merged)) } else { complete_at(&merged) };
                         state.sessions.insert(first, session);
                         if next < state.timer {
                             state.timer = next;
@@ -262,18 +233,12 @@ where
                                 hold.remove(session.emit_at);
                                 if let Some(value) = agg.output(&session.acc) {
                                     session.emitted = Some((session.window, value.clone()));
-                                    let result = WindowResult {
-                                        window: session.window,
-                                        key: k.clone(),
-                                        value,
-                                    };
+                                    let result = WindowResult { window: session.window, key: k.clone(), value };
                                     firing.push((session.emit_at, (result, session.window.end, 1)));
                                 }
                             }
                         }
-                        state
-                            .sessions
-                            .retain(|s| lateness.release_at(complete_at(&s.window)) > watermark);
+                        state.sessions.retain(|s| lateness.release_at(complete_at(&s.window)) > watermark);
                         for session in state.sessions.iter() {
                             let due = if session.fired {
                                 lateness.release_at(complete_at(&session.window))
@@ -309,9 +274,6 @@ where
 
     Windowed {
         results: EventStream::new(results),
-        late: LateOutput {
-            stream: EventStream::new(late),
-            count: late_count,
-        },
+        late: LateOutput { stream: EventStream::new(late), count: late_count },
     }
 }

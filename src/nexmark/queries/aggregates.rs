@@ -5,7 +5,7 @@ use std::cmp::Reverse;
 use highwater_operators::prelude::*;
 
 use super::format::{utc_day, utc_hour_minute, Row};
-use super::{bids, QueryKind, QueryOutput};
+use super::{bids, QueryKind, QueryOptions, QueryOutput};
 use crate::nexmark::model::{Bid, Event};
 
 /// Price rank: 1 below 10 000, 2 below 1 000 000, else 3.
@@ -19,11 +19,7 @@ fn rank(price: i64) -> u8 {
     }
 }
 
-type Counts = (
-    (u64, i64, i64, i64),
-    (u64, u64, u64, u64),
-    (u64, u64, u64, u64),
-);
+type Counts = ((u64, i64, i64, i64), (u64, u64, u64, u64), (u64, u64, u64, u64));
 
 /// Bids, bidders and auctions, in total and per price rank.
 fn counts() -> impl Aggregate<Bid, Output = Counts> {
@@ -50,18 +46,7 @@ fn counts() -> impl Aggregate<Bid, Output = Counts> {
 }
 
 fn push_counts(row: Row, ((b, b1, b2, b3), (p, p1, p2, p3), (a, a1, a2, a3)): Counts) -> Row {
-    row.int(b)
-        .int(b1)
-        .int(b2)
-        .int(b3)
-        .int(p)
-        .int(p1)
-        .int(p2)
-        .int(p3)
-        .int(a)
-        .int(a1)
-        .int(a2)
-        .int(a3)
+    row.int(b).int(b1).int(b2).int(b3).int(p).int(p1).int(p2).int(p3).int(a).int(a1).int(a2).int(a3)
 }
 
 const COUNT_COLUMNS: [&str; 12] = [
@@ -101,20 +86,17 @@ macro_rules! with_counts {
 }
 
 /// Per UTC day: bids, bidders and auctions by price rank.
-pub(super) fn q15<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'scope> {
+pub(super) fn q15<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
+    let fmt = options.format();
     let rows = bids(events)
         .aggregate_by_key_named("DailyStats", |b: &Bid| utc_day(b.date_time), counts())
-        .map(|(day, c)| push_counts(Row::new().str(&day), c).done());
-    QueryOutput {
-        header: with_counts!("day"),
-        rows,
-        kind: QueryKind::Updating,
-        late: Vec::new(),
-    }
+        .map(move |(day, c)| push_counts(fmt.row().str(&day), c).done());
+    QueryOutput { header: with_counts!("day"), rows, kind: QueryKind::Updating, late: Vec::new() }
 }
 
 /// Per channel and UTC day: as q15, with the latest minute seen.
-pub(super) fn q16<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'scope> {
+pub(super) fn q16<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
+    let fmt = options.format();
     let minute = |b: &Bid| {
         let (h, m) = utc_hour_minute(b.date_time);
         format!("{h:02}:{m:02}")
@@ -125,19 +107,15 @@ pub(super) fn q16<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'s
             |b: &Bid| (b.channel.to_string(), utc_day(b.date_time)),
             (Max::append_only(minute), counts()),
         )
-        .map(|((channel, day), (minute, c))| {
-            push_counts(Row::new().str(&channel).str(&day).str(&minute), c).done()
+        .map(move |((channel, day), (minute, c))| {
+            push_counts(fmt.row().str(&channel).str(&day).str(&minute), c).done()
         });
-    QueryOutput {
-        header: with_counts!("channel", "day", "minute"),
-        rows,
-        kind: QueryKind::Updating,
-        late: Vec::new(),
-    }
+    QueryOutput { header: with_counts!("channel", "day", "minute"), rows, kind: QueryKind::Updating, late: Vec::new() }
 }
 
 /// Per auction and UTC day: bids by rank and price statistics.
-pub(super) fn q17<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'scope> {
+pub(super) fn q17<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
+    let fmt = options.format();
     let price = |b: &Bid| b.price;
     let rows = bids(events)
         .aggregate_by_key_named(
@@ -150,30 +128,12 @@ pub(super) fn q17<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'s
                     Sum::of(|b: &Bid| i64::from(rank(b.price) == 2)),
                     Sum::of(|b: &Bid| i64::from(rank(b.price) == 3)),
                 ),
-                (
-                    Min::append_only(price),
-                    Max::append_only(price),
-                    Avg::of(price),
-                    Sum::of(price),
-                ),
+                (Min::append_only(price), Max::append_only(price), Avg::of(price), Sum::of(price)),
             ),
         )
-        .map(
-            |((auction, day), ((n, n1, n2, n3), (min, max, avg, sum)))| {
-                Row::new()
-                    .int(auction)
-                    .str(&day)
-                    .int(n)
-                    .int(n1)
-                    .int(n2)
-                    .int(n3)
-                    .int(min)
-                    .int(max)
-                    .float(avg)
-                    .int(sum)
-                    .done()
-            },
-        );
+        .map(move |((auction, day), ((n, n1, n2, n3), (min, max, avg, sum)))| {
+            fmt.row().int(auction).str(&day).int(n).int(n1).int(n2).int(n3).int(min).int(max).float(avg).int(sum).done()
+        });
     QueryOutput {
         header: &[
             "auction",
@@ -194,18 +154,19 @@ pub(super) fn q17<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'s
 }
 
 /// Per bidder and auction, the latest bid.
-pub(super) fn q18<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'scope> {
+pub(super) fn q18<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
+    let fmt = options.format();
     let rows = bids(events)
         .aggregate_by_key_named(
             "LatestBid",
             |b: &Bid| (b.bidder, b.auction),
             MaxBy::append_only(|b: &Bid| (b.date_time, b.price, b.extra.clone())),
         )
-        .flat_map(|(_, latest)| {
+        .flat_map(move |(_, latest)| {
             latest
                 .into_iter()
-                .map(|b| {
-                    Row::new()
+                .map(move |b| {
+                    fmt.row()
                         .int(b.auction)
                         .int(b.bidder)
                         .int(b.price)
@@ -218,9 +179,7 @@ pub(super) fn q18<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'s
                 .collect::<Vec<_>>()
         });
     QueryOutput {
-        header: &[
-            "auction", "bidder", "price", "channel", "url", "dateTime", "extra",
-        ],
+        header: &["auction", "bidder", "price", "channel", "url", "dateTime", "extra"],
         rows,
         kind: QueryKind::Updating,
         late: Vec::new(),
@@ -228,46 +187,26 @@ pub(super) fn q18<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'s
 }
 
 /// Per auction, its ten highest bids with their rank.
-pub(super) fn q19<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'scope> {
+pub(super) fn q19<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
+    let fmt = options.format();
     let rows = bids(events)
         .aggregate_by_key_named(
             "TopBids",
             |b: &Bid| b.auction,
             TopK::append_only(10, |b: &Bid| {
-                (
-                    b.price,
-                    Reverse(b.date_time),
-                    Reverse(b.bidder),
-                    Reverse(b.extra.clone()),
-                )
+                (b.price, Reverse(b.date_time), Reverse(b.bidder), Reverse(b.extra.clone()))
             }),
         )
-        .flat_map(|(auction, top)| {
+        .flat_map(move |(auction, top)| {
             top.into_iter()
                 .enumerate()
-                .map(
-                    |(i, (price, Reverse(time), Reverse(bidder), Reverse(extra)))| {
-                        Row::new()
-                            .int(auction)
-                            .int(bidder)
-                            .int(price)
-                            .int(time)
-                            .str(&extra)
-                            .int(i + 1)
-                            .done()
-                    },
-                )
+                .map(move |(i, (price, Reverse(time), Reverse(bidder), Reverse(extra)))| {
+                    fmt.row().int(auction).int(bidder).int(price).int(time).str(&extra).int(i + 1).done()
+                })
                 .collect::<Vec<_>>()
         });
     QueryOutput {
-        header: &[
-            "auction",
-            "bidder",
-            "price",
-            "dateTime",
-            "extra",
-            "rank_number",
-        ],
+        header: &["auction", "bidder", "price", "dateTime", "extra", "rank_number"],
         rows,
         kind: QueryKind::Updating,
         late: Vec::new(),

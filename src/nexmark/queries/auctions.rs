@@ -5,10 +5,32 @@ use std::cmp::Reverse;
 use highwater_operators::join::by_record;
 use highwater_operators::prelude::*;
 use highwater_operators::Counter;
+use serde::{Deserialize, Serialize};
 
-use super::format::Row;
 use super::{auctions, bids, QueryKind, QueryOptions, QueryOutput};
 use crate::nexmark::model::{Auction, Bid, Event};
+
+/// The fields of an auction the closing-price queries use (plain integers:
+/// cheap to copy into every matching pair).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+struct Lot {
+    id: i64,
+    seller: i64,
+    category: i64,
+    initial_bid: i64,
+    reserve: i64,
+    date_time: u64,
+    expires: u64,
+}
+
+/// The fields of a bid the closing-price queries use.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+struct Offer {
+    bidder: i64,
+    price: i64,
+    date_time: u64,
+    extra: String,
+}
 
 /// Per auction, its best bid among the bids with a time in
 /// `[auction.dateTime, auction.expires]`, emitted when the auction closes.
@@ -17,80 +39,64 @@ use crate::nexmark::model::{Auction, Bid, Event};
 fn winning_bids<'scope>(
     events: &EventStream<'scope, Event>,
     options: &QueryOptions,
-) -> (EventStream<'scope, (Auction, Bid)>, Vec<Counter>) {
+) -> (EventStream<'scope, (Lot, Offer)>, Vec<Counter>) {
     let lateness = options.allowed_lateness;
-    let joined = auctions(events).interval_join_core(
+    let lots = auctions(events).map(move |a: Auction| Lot {
+        id: a.id,
+        seller: a.seller,
+        category: a.category,
+        initial_bid: a.initial_bid,
+        reserve: a.reserve,
+        date_time: a.date_time,
+        expires: a.expires,
+    });
+    let offers = bids(events).map(move |b: Bid| {
+        (b.auction, Offer { bidder: b.bidder, price: b.price, date_time: b.date_time, extra: b.extra })
+    });
+    let joined = lots.interval_join_core(
         "AuctionBids",
-        &bids(events),
-        |a: &Auction| a.id,
-        |b: &Bid| b.auction,
-        by_record(0, |a: &Auction, _t| (a.date_time, a.expires)),
+        &offers,
+        |a: &Lot| a.id,
+        |(auction, _): &(i64, Offer)| *auction,
+        by_record(0, |a: &Lot, _t| (a.date_time, a.expires)),
         AllowedLateness(lateness),
-        |a, b| (a.clone(), b.clone()),
+        |a, (_, o)| (*a, o.clone()),
     );
-    let rank = |(_, b): &(Auction, Bid)| {
-        (
-            b.price,
-            Reverse(b.date_time),
-            Reverse(b.bidder),
-            Reverse(b.extra.clone()),
-        )
-    };
-    let best = if options.exact() {
-        MaxBy::of(rank)
-    } else {
-        MaxBy::append_only(rank)
-    };
+    // Ranked without `extra` (no string copies per bid); ties on all the rest are
+    // broken by `extra` below.
+    let rank = |(_, o): &(Lot, Offer)| (o.price, Reverse(o.date_time), Reverse(o.bidder));
+    let best = if options.exact() { MaxBy::of(rank) } else { MaxBy::append_only(rank) };
     let closed = joined
         .results
-        .window(windows_by(|(a, _): &(Auction, Bid), _t| {
-            Window::new(a.date_time, a.expires + 1)
-        }))
-        .key_by(|(a, _): &(Auction, Bid)| a.id)
+        .window(windows_by(|(a, _): &(Lot, Offer), _t| Window::new(a.date_time, a.expires + 1)))
+        .key_by(|(a, _): &(Lot, Offer)| a.id)
         .allowed_lateness(lateness)
         .named("ClosingBid")
         .aggregate(best);
-    let winners = closed.results.flat_map(|r| r.value);
-    (
-        winners,
-        vec![
-            joined.late_left.count,
-            joined.late_right.count,
-            closed.late.count,
-        ],
-    )
+    let winners = closed.results.flat_map(move |r| {
+        let least_extra = r.value.iter().map(move |(_, o)| o.extra.clone()).min();
+        r.value.into_iter().filter(move |(_, o)| Some(&o.extra) == least_extra.as_ref())
+    });
+    (winners, vec![joined.late_left.count, joined.late_right.count, closed.late.count])
 }
 
 /// Average closing price per category.
-pub(super) fn q4<'scope>(
-    events: &EventStream<'scope, Event>,
-    options: &QueryOptions,
-) -> QueryOutput<'scope> {
+pub(super) fn q4<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
+    let fmt = options.format();
     let (winners, late) = winning_bids(events, options);
     let rows = winners
-        .map(|(a, b)| (a.category, b.price))
-        .aggregate_by_key_named(
-            "AvgByCategory",
-            |(c, _): &(i64, i64)| *c,
-            Avg::of(|(_, p): &(i64, i64)| *p),
-        )
-        .map(|(category, avg)| Row::new().int(category).float(avg).done());
-    QueryOutput {
-        header: &["category", "avg_final"],
-        rows,
-        kind: QueryKind::Updating,
-        late,
-    }
+        .map(move |(a, b)| (a.category, b.price))
+        .aggregate_by_key_named("AvgByCategory", |(c, _): &(i64, i64)| *c, Avg::of(|(_, p): &(i64, i64)| *p))
+        .map(move |(category, avg)| fmt.row().int(category).float(avg).done());
+    QueryOutput { header: &["category", "avg_final"], rows, kind: QueryKind::Updating, late }
 }
 
 /// Per seller, the average closing price of its last 10 closed auctions.
-pub(super) fn q6<'scope>(
-    events: &EventStream<'scope, Event>,
-    options: &QueryOptions,
-) -> QueryOutput<'scope> {
+pub(super) fn q6<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
+    let fmt = options.format();
     let (winners, late) = winning_bids(events, options);
     // Closed auctions in closing order: (expires, id) orders ties by id.
-    let closed = winners.map(|(a, b)| (a.expires, a.id, a.seller, b.price));
+    let closed = winners.map(move |(a, b)| (a.expires, a.id, a.seller, b.price));
     let last_closed = |c: &(u64, i64, i64, i64)| (c.0, c.1);
     let windows = closed
         .window(CountWindows::sliding(10, 1))
@@ -99,44 +105,24 @@ pub(super) fn q6<'scope>(
         .named("LastTenClosed")
         .aggregate((
             Avg::of(|c: &(u64, i64, i64, i64)| c.3),
-            if options.exact() {
-                Max::of(last_closed)
-            } else {
-                Max::append_only(last_closed)
-            },
+            if options.exact() { Max::of(last_closed) } else { Max::append_only(last_closed) },
         ));
     let newest = |r: &WindowResult<i64, (f64, (u64, i64))>| r.value.1;
-    let latest = if options.exact() {
-        MaxBy::of(newest)
-    } else {
-        MaxBy::append_only(newest)
-    };
-    let rows = windows
-        .results
-        .aggregate_by_key_named("LatestPerSeller", |r| r.key, latest)
-        .flat_map(|(seller, results)| {
-            results
-                .into_iter()
-                .map(move |r| Row::new().int(seller).float(r.value.0).done())
-        });
+    let latest = if options.exact() { MaxBy::of(newest) } else { MaxBy::append_only(newest) };
+    let rows = windows.results.aggregate_by_key_named("LatestPerSeller", |r| r.key, latest).flat_map(
+        move |(seller, results)| results.into_iter().map(move |r| fmt.row().int(seller).float(r.value.0).done()),
+    );
     let mut late = late;
     late.push(windows.late.count);
-    QueryOutput {
-        header: &["seller", "avg_price"],
-        rows,
-        kind: QueryKind::Updating,
-        late,
-    }
+    QueryOutput { header: &["seller", "avg_price"], rows, kind: QueryKind::Updating, late }
 }
 
 /// Per auction, its winning bid.
-pub(super) fn q9<'scope>(
-    events: &EventStream<'scope, Event>,
-    options: &QueryOptions,
-) -> QueryOutput<'scope> {
+pub(super) fn q9<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
+    let fmt = options.format();
     let (winners, late) = winning_bids(events, options);
-    let rows = winners.map(|(a, b)| {
-        Row::new()
+    let rows = winners.map(move |(a, b)| {
+        fmt.row()
             .int(a.id)
             .int(a.seller)
             .int(a.category)

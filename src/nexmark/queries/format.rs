@@ -49,18 +49,30 @@ pub fn utc_hour_minute(ms: Timestamp) -> (u32, u32) {
     ((in_day / 3_600_000) as u32, (in_day / 60_000 % 60) as u32)
 }
 
+/// Whether rows are written out or only counted.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RowFormat {
+    pub(super) blackhole: bool,
+}
+
+impl RowFormat {
+    /// A new row (one that ignores its fields, for a blackhole).
+    pub(super) fn row(self) -> Row {
+        Row { line: String::with_capacity(if self.blackhole { 0 } else { 128 }), empty: true, muted: self.blackhole }
+    }
+}
+
 /// Builds a CSV line from fields.
 pub(super) struct Row {
     line: String,
     empty: bool,
+    muted: bool,
 }
 
 impl Row {
-    pub(super) fn new() -> Self {
-        Row {
-            line: String::with_capacity(128),
-            empty: true,
-        }
+    #[cfg(test)]
+    fn new() -> Self {
+        RowFormat { blackhole: false }.row()
     }
     fn sep(&mut self) {
         if !std::mem::replace(&mut self.empty, false) {
@@ -68,14 +80,27 @@ impl Row {
         }
     }
     pub(super) fn int(mut self, v: impl std::fmt::Display) -> Self {
+        if self.muted {
+            return self;
+        }
         self.sep();
         let _ = write!(self.line, "{v}");
         self
     }
     pub(super) fn str(mut self, v: &str) -> Self {
+        if self.muted {
+            return self;
+        }
         self.sep();
         csv_field(&mut self.line, v);
         self
+    }
+    /// A price as exact euros (see [`euros`]).
+    pub(super) fn euros(self, price: i64) -> Self {
+        if self.muted {
+            return self;
+        }
+        self.str(&euros(price))
     }
     pub(super) fn float(self, v: f64) -> Self {
         self.int(v)
@@ -93,18 +118,12 @@ mod tests {
     fn days_convert() {
         assert_eq!(utc_day(0), "1970-01-01");
         assert_eq!(utc_day(951_782_400_000), "2000-02-29");
-        assert_eq!(
-            utc_hour_minute(1_704_067_203_456 + 13 * 3_600_000 + 7 * 60_000),
-            (13, 7)
-        );
+        assert_eq!(utc_hour_minute(1_704_067_203_456 + 13 * 3_600_000 + 7 * 60_000), (13, 7));
     }
 
     #[test]
     fn rows_quote_and_separate() {
-        assert_eq!(
-            Row::new().int(1).str("a,b").float(0.5).done(),
-            "1,\"a,b\",0.5"
-        );
+        assert_eq!(Row::new().int(1).str("a,b").float(0.5).done(), "1,\"a,b\",0.5");
         assert_eq!(Row::new().str("").int(2).done(), ",2");
     }
 }

@@ -3,41 +3,26 @@
 use highwater_operators::join::by_record;
 use highwater_operators::prelude::*;
 
-use super::format::Row;
 use super::{auctions, bids, persons, QueryKind, QueryOptions, QueryOutput};
 use crate::nexmark::model::{Auction, Bid, Event, Person};
 
 /// Sellers in OR, ID or CA with their category-10 auctions (unwindowed).
-pub(super) fn q3<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'scope> {
-    let sellers =
-        persons(events).filter(|p: &Person| matches!(p.state.as_str(), "OR" | "ID" | "CA"));
+pub(super) fn q3<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
+    let fmt = options.format();
+    let sellers = persons(events).filter(|p: &Person| matches!(p.state.as_str(), "OR" | "ID" | "CA"));
     let auctions = auctions(events).filter(|a: &Auction| a.category == 10);
     let rows = sellers.join(
         &auctions,
         |p| p.id,
         |a| a.seller,
-        |p, a| {
-            Row::new()
-                .str(&p.name)
-                .str(&p.city)
-                .str(&p.state)
-                .int(a.id)
-                .done()
-        },
+        move |p, a| fmt.row().str(&p.name).str(&p.city).str(&p.state).int(a.id).done(),
     );
-    QueryOutput {
-        header: &["name", "city", "state", "id"],
-        rows,
-        kind: QueryKind::Append,
-        late: Vec::new(),
-    }
+    QueryOutput { header: &["name", "city", "state", "id"], rows, kind: QueryKind::Append, late: Vec::new() }
 }
 
 /// People who registered and opened an auction in the same 10 s window.
-pub(super) fn q8<'scope>(
-    events: &EventStream<'scope, Event>,
-    options: &QueryOptions,
-) -> QueryOutput<'scope> {
+pub(super) fn q8<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
+    let fmt = options.format();
     let lateness = options.allowed_lateness;
     let exact = options.exact();
     let name = |p: &Person| p.name.clone();
@@ -46,11 +31,7 @@ pub(super) fn q8<'scope>(
         .key_by(|p: &Person| p.id)
         .allowed_lateness(lateness)
         .named("Q8People")
-        .aggregate(if exact {
-            Max::of(name)
-        } else {
-            Max::append_only(name)
-        });
+        .aggregate(if exact { Max::of(name) } else { Max::append_only(name) });
     let sellers = auctions(events)
         .window(Tumbling::of(10.secs()))
         .key_by(|a: &Auction| a.seller)
@@ -66,37 +47,26 @@ pub(super) fn q8<'scope>(
         |s| (s.window, s.key),
         by_record(0, |_, t| (t, t)),
         AllowedLateness(lateness),
-        |p, _s| {
-            Row::new()
-                .int(p.window.start)
-                .int(p.window.end)
-                .int(p.key)
-                .str(&p.value)
-                .done()
-        },
+        move |p, _s| fmt.row().int(p.window.start).int(p.window.end).int(p.key).str(&p.value).done(),
     );
     QueryOutput {
         header: &["window_start", "window_end", "id", "name"],
         rows: joined.results,
         kind: QueryKind::Append,
-        late: vec![
-            people.late.count,
-            sellers.late.count,
-            joined.late_left.count,
-            joined.late_right.count,
-        ],
+        late: vec![people.late.count, sellers.late.count, joined.late_left.count, joined.late_right.count],
     }
 }
 
 /// Bids on category-10 auctions, with the auction (unwindowed).
-pub(super) fn q20<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'scope> {
+pub(super) fn q20<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
+    let fmt = options.format();
     let auctions = auctions(events).filter(|a: &Auction| a.category == 10);
     let rows = bids(events).join(
         &auctions,
         |b: &Bid| b.auction,
         |a: &Auction| a.id,
-        |b, a| {
-            Row::new()
+        move |b, a| {
+            fmt.row()
                 .int(b.auction)
                 .int(b.bidder)
                 .int(b.price)

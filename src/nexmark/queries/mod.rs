@@ -76,6 +76,9 @@ pub struct QueryOptions {
     /// q13's side input: `key → value`. Defaults to keys 0..10000 with value
     /// `"value-<key>"`.
     pub side_input: Option<Arc<HashMap<i64, String>>>,
+    /// Benchmarks: produce empty rows instead of CSV lines, as a blackhole
+    /// sink that takes rows without serializing them would.
+    pub blackhole: bool,
 }
 
 impl QueryOptions {
@@ -83,6 +86,11 @@ impl QueryOptions {
     /// flow downstream only when lateness is allowed).
     fn exact(&self) -> bool {
         self.allowed_lateness > 0
+    }
+
+    /// How rows are formatted.
+    fn format(&self) -> format::RowFormat {
+        format::RowFormat { blackhole: self.blackhole }
     }
 }
 
@@ -100,55 +108,51 @@ pub struct QueryOutput<'scope> {
 }
 
 /// Builds query `query` over `events`.
-pub fn build<'scope>(
-    query: Query,
-    events: &EventStream<'scope, Event>,
-    options: &QueryOptions,
-) -> QueryOutput<'scope> {
+pub fn build<'scope>(query: Query, events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
     match query.0 {
-        0 => simple::q0(events),
-        1 => simple::q1(events),
-        2 => simple::q2(events),
-        3 => joins::q3(events),
+        0 => simple::q0(events, options),
+        1 => simple::q1(events, options),
+        2 => simple::q2(events, options),
+        3 => joins::q3(events, options),
         4 => auctions::q4(events, options),
         5 => windows::q5(events, options),
         6 => auctions::q6(events, options),
         7 => windows::q7(events, options),
         8 => joins::q8(events, options),
         9 => auctions::q9(events, options),
-        10 => simple::q10(events),
+        10 => simple::q10(events, options),
         11 => windows::q11(events, options),
-        12 => windows::q12(events),
+        12 => windows::q12(events, options),
         13 => simple::q13(events, options),
-        14 => simple::q14(events),
-        15 => aggregates::q15(events),
-        16 => aggregates::q16(events),
-        17 => aggregates::q17(events),
-        18 => aggregates::q18(events),
-        19 => aggregates::q19(events),
-        20 => joins::q20(events),
-        21 => simple::q21(events),
-        22 => simple::q22(events),
+        14 => simple::q14(events, options),
+        15 => aggregates::q15(events, options),
+        16 => aggregates::q16(events, options),
+        17 => aggregates::q17(events, options),
+        18 => aggregates::q18(events, options),
+        19 => aggregates::q19(events, options),
+        20 => joins::q20(events, options),
+        21 => simple::q21(events, options),
+        22 => simple::q22(events, options),
         n => unreachable!("Query({n}) is built only by Query::from_str, which checks the range"),
     }
 }
 
 fn persons<'scope>(events: &EventStream<'scope, Event>) -> EventStream<'scope, Person> {
-    events.flat_map(|e| match e {
-        Event::Person(p) => Some(p),
+    events.flat_map(move |e| match e {
+        Event::Person(p) => Some(*p),
         _ => None,
     })
 }
 
 fn auctions<'scope>(events: &EventStream<'scope, Event>) -> EventStream<'scope, Auction> {
-    events.flat_map(|e| match e {
-        Event::Auction(a) => Some(a),
+    events.flat_map(move |e| match e {
+        Event::Auction(a) => Some(*a),
         _ => None,
     })
 }
 
 fn bids<'scope>(events: &EventStream<'scope, Event>) -> EventStream<'scope, Bid> {
-    events.flat_map(|e| match e {
+    events.flat_map(move |e| match e {
         Event::Bid(b) => Some(b),
         _ => None,
     })
@@ -156,7 +160,7 @@ fn bids<'scope>(events: &EventStream<'scope, Event>) -> EventStream<'scope, Bid>
 
 /// The default side input of q13.
 pub fn default_side_input() -> HashMap<i64, String> {
-    (0..10_000).map(|k| (k, format!("value-{k}"))).collect()
+    (0..10_000).map(move |k| (k, format!("value-{k}"))).collect()
 }
 
 #[cfg(test)]

@@ -2,15 +2,12 @@
 
 use highwater_operators::prelude::*;
 
-use super::format::Row;
 use super::{bids, QueryKind, QueryOptions, QueryOutput};
 use crate::nexmark::model::{Bid, Event};
 
 /// Per 10 s sliding window (every 2 s), the auctions with the most bids.
-pub(super) fn q5<'scope>(
-    events: &EventStream<'scope, Event>,
-    options: &QueryOptions,
-) -> QueryOutput<'scope> {
+pub(super) fn q5<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
+    let fmt = options.format();
     let lateness = options.allowed_lateness;
     let counts = bids(events)
         .window(Sliding::of(10.secs(), 2.secs()))
@@ -27,22 +24,11 @@ pub(super) fn q5<'scope>(
         .key_by(|r: &WindowResult<i64, u64>| r.window)
         .allowed_lateness(lateness)
         .named("HottestPerWindow")
-        .aggregate(if options.exact() {
-            MaxBy::of(num)
-        } else {
-            MaxBy::append_only(num)
-        });
-    let rows = hottest.results.flat_map(|r| {
+        .aggregate(if options.exact() { MaxBy::of(num) } else { MaxBy::append_only(num) });
+    let rows = hottest.results.flat_map(move |r| {
         r.value
             .into_iter()
-            .map(|c| {
-                Row::new()
-                    .int(c.window.start)
-                    .int(c.window.end)
-                    .int(c.key)
-                    .int(c.value)
-                    .done()
-            })
+            .map(move |c| fmt.row().int(c.window.start).int(c.window.end).int(c.key).int(c.value).done())
             .collect::<Vec<_>>()
     });
     QueryOutput {
@@ -54,26 +40,20 @@ pub(super) fn q5<'scope>(
 }
 
 /// Per 10 s tumbling window, the bids with the highest price.
-pub(super) fn q7<'scope>(
-    events: &EventStream<'scope, Event>,
-    options: &QueryOptions,
-) -> QueryOutput<'scope> {
+pub(super) fn q7<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
+    let fmt = options.format();
     let price = |b: &Bid| b.price;
     let highest = bids(events)
         .window(Tumbling::of(10.secs()))
         .allowed_lateness(options.allowed_lateness)
         .named("HighestBid")
-        .aggregate(if options.exact() {
-            MaxBy::of(price)
-        } else {
-            MaxBy::append_only(price)
-        });
-    let rows = highest.results.flat_map(|r| {
+        .aggregate(if options.exact() { MaxBy::of(price) } else { MaxBy::append_only(price) });
+    let rows = highest.results.flat_map(move |r| {
         let w = r.window;
         r.value
             .into_iter()
-            .map(|b| {
-                Row::new()
+            .map(move |b| {
+                fmt.row()
                     .int(w.start)
                     .int(w.end)
                     .int(b.auction)
@@ -86,15 +66,7 @@ pub(super) fn q7<'scope>(
             .collect::<Vec<_>>()
     });
     QueryOutput {
-        header: &[
-            "window_start",
-            "window_end",
-            "auction",
-            "bidder",
-            "price",
-            "dateTime",
-            "extra",
-        ],
+        header: &["window_start", "window_end", "auction", "bidder", "price", "dateTime", "extra"],
         rows,
         kind: QueryKind::Append,
         late: vec![highest.late.count],
@@ -102,24 +74,16 @@ pub(super) fn q7<'scope>(
 }
 
 /// Bid sessions per bidder (10 s gap), with their number of bids.
-pub(super) fn q11<'scope>(
-    events: &EventStream<'scope, Event>,
-    options: &QueryOptions,
-) -> QueryOutput<'scope> {
+pub(super) fn q11<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
+    let fmt = options.format();
     let sessions = bids(events)
         .window(Session::with_gap(10.secs()))
         .key_by(|b: &Bid| b.bidder)
         .allowed_lateness(options.allowed_lateness)
         .named("BidderSessions")
         .aggregate(Count);
-    let rows = sessions.results.map(|r| {
-        Row::new()
-            .int(r.window.start)
-            .int(r.window.end)
-            .int(r.key)
-            .int(r.value)
-            .done()
-    });
+    let rows =
+        sessions.results.map(move |r| fmt.row().int(r.window.start).int(r.window.end).int(r.key).int(r.value).done());
     QueryOutput {
         header: &["window_start", "window_end", "bidder", "bid_count"],
         rows,
@@ -129,22 +93,15 @@ pub(super) fn q11<'scope>(
 }
 
 /// Bids per bidder per 10 s of processing time.
-pub(super) fn q12<'scope>(events: &EventStream<'scope, Event>) -> QueryOutput<'scope> {
+pub(super) fn q12<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
+    let fmt = options.format();
     let counts = bids(events)
-        .window(GlobalWindows::with_trigger(
-            ProcessingTimeTrigger(10.secs()).purging(),
-        ))
+        .window(GlobalWindows::with_trigger(ProcessingTimeTrigger(10.secs()).purging()))
         .key_by(|b: &Bid| b.bidder)
         .named("ProcessingTimeCounts")
         .aggregate(Count);
-    let rows = counts.results.map(|r| {
-        Row::new()
-            .int(r.key)
-            .int(r.value)
-            .int(r.window.start)
-            .int(r.window.end)
-            .done()
-    });
+    let rows =
+        counts.results.map(move |r| fmt.row().int(r.key).int(r.value).int(r.window.start).int(r.window.end).done());
     QueryOutput {
         header: &["bidder", "bid_count", "window_start", "window_end"],
         rows,

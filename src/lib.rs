@@ -28,3 +28,8 @@ pub mod prelude {
     pub use crate::time::{parse_duration, WatermarkStrategy};
     pub use highwater_operators::prelude::*;
 }
+
+/// The README's code, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

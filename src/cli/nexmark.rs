@@ -15,7 +15,9 @@ use timely::dataflow::ProbeHandle;
 use super::progress::{summary, Gauges, Progress};
 use crate::dead_letter::DeadLetter;
 use crate::nexmark::queries::{q10_partition, QueryKind};
-use crate::nexmark::{build, Event, Generator, GeneratorConfig, GeneratorSource, NexmarkDecoder, Query, QueryOptions};
+use crate::nexmark::{
+    build, Event, Generator, GeneratorConfig, GeneratorSource, NexmarkDecoder, Query, QueryOptions, QueryOutput,
+};
 use crate::operators::{EventStream, Timestamp};
 use crate::sink::{write_lines, LineTarget, SinkHandle, SinkMode};
 use crate::source::{read, JsonLines, SourceOptions, SourceStreams};
@@ -77,6 +79,10 @@ pub(super) struct NexmarkArgs {
     /// Print a progress line every second.
     #[arg(long)]
     progress: bool,
+    /// Read the events and count them without running the query: the
+    /// baseline benchmarks compare queries with.
+    #[arg(long)]
+    source_only: bool,
     /// Timely arguments: -w THREADS, -n PROCESSES, -p INDEX, -h HOSTFILE.
     #[arg(last = true)]
     timely: Vec<String>,
@@ -264,12 +270,18 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     let progress = args.progress.then(|| Progress::start(gauges.clone(), started));
     let (query, output, discard, dead_path) =
         (args.query, args.output.clone(), args.discard, args.dead_letters.clone());
+    let source_only = args.source_only;
     let (g, s) = (gauges.clone(), Arc::clone(&sinks));
     let guards = timely::execute(config, move |worker| -> anyhow::Result<()> {
         let probe = ProbeHandle::new();
         worker.dataflow::<Timestamp, _, _>(|scope| -> anyhow::Result<()> {
             let streams = events(scope, &input, source_options.clone(), &g, &probe)?;
-            let out = build(query, &streams.events, &query_options);
+            let out = if source_only {
+                let rows = streams.events.flat_map(|_| None);
+                QueryOutput { header: &[], rows, kind: QueryKind::Append, late: Vec::new() }
+            } else {
+                build(query, &streams.events, &query_options)
+            };
             if let Ok(mut late) = g.late.lock() {
                 late.extend(out.late.iter().cloned());
             }

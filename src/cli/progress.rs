@@ -84,15 +84,25 @@ impl Drop for Progress {
     }
 }
 
+/// The process's peak resident set size in MiB (Linux; 0 elsewhere).
+pub(super) fn peak_rss_mib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(str::to_owned))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()))
+        .map_or(0, |kb| kb / 1024)
+}
+
 /// The one-line summary of a run.
 pub(super) fn summary(gauges: &Gauges, started: Instant, rows: u64) -> String {
     let seconds = started.elapsed().as_secs_f64();
     let events = gauges.source.records.get();
     format!(
-        "events={events} seconds={seconds:.3} events/s={:.0} late={} late_read={} dead_letters={} rows={rows}",
+        "events={events} seconds={seconds:.3} events/s={:.0} late={} late_read={} dead_letters={} rows={rows} peak_rss_mib={}",
         events as f64 / seconds.max(1e-9),
         gauges.late(),
         gauges.source.late.get(),
         gauges.source.dead_letters.get(),
+        peak_rss_mib(),
     )
 }

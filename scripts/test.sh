@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The test command of highwater: sets up what the tests need on a fresh
+# machine, then runs formatting and lint checks, every test (unit,
+# integration, property, golden, doc) in one profile (release).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\n== %s\n' "$*" >&2; }
+
+# Toolchain components (present on most installs; added when missing).
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+    log "adding rustfmt and clippy"
+    rustup component add rustfmt clippy
+fi
+
+log "cargo fmt --check"
+cargo fmt --all -- --check
+
+log "cargo clippy"
+cargo clippy --workspace --all-targets --release -- -D warnings
+
+log "cargo test (unit, integration, property, golden, doc)"
+cargo test --workspace --release --all-targets
+cargo test --workspace --release --doc
+
+log "all checks passed"

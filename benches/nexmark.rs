@@ -132,7 +132,17 @@ fn memory(o: &Options, events: u64) {
     for q in &o.queries {
         for &w in &o.workers {
             let mut child = Command::new(env!("CARGO_BIN_EXE_highwater"))
-                .args(["nexmark", "--query", q, "--discard", "--events", &events.to_string(), "--", "-w", &w.to_string()])
+                .args([
+                    "nexmark",
+                    "--query",
+                    q,
+                    "--discard",
+                    "--events",
+                    &events.to_string(),
+                    "--",
+                    "-w",
+                    &w.to_string(),
+                ])
                 .stderr(Stdio::piped())
                 .spawn()
                 .expect("running highwater");

@@ -48,7 +48,11 @@ fn main() -> anyhow::Result<()> {
     timely::execute(config, move |worker| {
         let source = Arc::clone(&source);
         worker.dataflow(|scope| {
-            let options = SourceOptions { watermark: WatermarkStrategy::bounded(1.minutes()), batch_size: 1, ..Default::default() };
+            let options = SourceOptions {
+                watermark: WatermarkStrategy::bounded(1.minutes()),
+                batch_size: 1,
+                ..Default::default()
+            };
             let clicks = read(scope, source, |c: &Click| c.time, options, &SourceMetrics::default(), None)
                 .expect("the file was opened above");
             let sessions = clicks

@@ -10,13 +10,12 @@ use anyhow::Context;
 use clap::Args;
 use highwater_operators::join::between;
 use highwater_operators::prelude::*;
-use timely::dataflow::channels::pact::Exchange;
-use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::ProbeHandle;
 
 use super::nexmark::{dead_letter_sink, events, watch_watermark, Input};
 use super::progress::{iso, summary, Gauges, Progress};
 use crate::nexmark::{Auction, Bid, Event, Generator, GeneratorConfig};
+use crate::sink::{write_lines, LineTarget, SinkHandle, SinkMode};
 use crate::source::SourceOptions;
 use crate::time::{Millis, WatermarkStrategy};
 
@@ -62,8 +61,8 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
     let gauges = Gauges::default();
     let started = Instant::now();
     let progress = Progress::start(gauges.clone(), started);
-    let printed = highwater_operators::Counter::new();
-    let (g, p) = (gauges.clone(), printed.clone());
+    let printed: Arc<std::sync::Mutex<Vec<SinkHandle>>> = Default::default();
+    let (g, p) = (gauges.clone(), Arc::clone(&printed));
     eprintln!("highwater demo: hottest auction per 10 s window of event time (Ctrl-C to stop)");
     let guards = timely::execute(config, move |worker| -> anyhow::Result<()> {
         let probe = ProbeHandle::new();
@@ -113,19 +112,10 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
             if let Ok(mut late) = g.late.lock() {
                 late.extend([counts.late.count, hottest.late.count, joined.late_left.count, joined.late_right.count]);
             }
-            let shown = p.clone();
-            lines.inner.clone().sink(Exchange::new(|_: &(String, u64, i64)| 0), "Print", move |(input, _)| {
-                input.for_each_stamp(|_, data| {
-                    for batch in data {
-                        for (line, _, diff) in batch.drain(..) {
-                            if diff > 0 {
-                                println!("{line}");
-                                shown.add(1);
-                            }
-                        }
-                    }
-                });
-            });
+            let printed = write_lines(&lines, None, LineTarget::Stdout, SinkMode::Append);
+            if let Ok(mut all) = p.lock() {
+                all.push(printed);
+            }
             dead_letter_sink(&streams.dead_letters, None);
             Ok(())
         })
@@ -133,6 +123,7 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!("starting the workers: {e}"))?;
     super::join_workers(guards)?;
     drop(progress);
-    eprintln!("{}", summary(&gauges, started, printed.get()));
+    let lines = printed.lock().map(|all| all.iter().map(|h| h.lines.get()).sum()).unwrap_or(0);
+    eprintln!("{}", summary(&gauges, started, lines));
     Ok(())
 }

@@ -19,7 +19,7 @@ use crate::nexmark::{
     build, Event, Generator, GeneratorConfig, GeneratorSource, NexmarkDecoder, Query, QueryOptions, QueryOutput,
 };
 use crate::operators::{EventStream, Timestamp};
-use crate::sink::{write_lines, LineTarget, SinkHandle, SinkMode};
+use crate::sink::{write, write_lines, LineTarget, Placement, Sink, SinkError, SinkHandle, SinkMode};
 use crate::source::{read, JsonLines, SourceOptions, SourceStreams};
 use crate::time::{Millis, WatermarkStrategy};
 
@@ -169,58 +169,55 @@ pub(super) fn watch_watermark(stream: &EventStream<'_, String>, gauges: &Gauges)
     });
 }
 
-/// Writes q10's rows into `dt=…/hm=…` directories under `dir`.
-fn write_partitioned(rows: &EventStream<'_, String>, dir: PathBuf, header: String) -> SinkHandle {
-    let handle = SinkHandle::default();
-    let h = handle.clone();
-    let pact = timely::dataflow::channels::pact::Exchange::new(|_: &(String, Timestamp, i64)| 0u64);
-    let mut files: HashMap<String, std::io::BufWriter<std::fs::File>> = HashMap::new();
-    rows.inner.clone().sink(pact, "WritePartitioned", move |(input, frontier)| {
+/// q10's sink: rows into `dir/dt=yyyy-MM-dd/hm=HH/part-0.csv`, by the row's `dateTime`.
+struct PartitionedCsv {
+    dir: PathBuf,
+    header: String,
+    files: HashMap<String, std::io::BufWriter<std::fs::File>>,
+}
+
+impl PartitionedCsv {
+    fn file(&mut self, part: String) -> Result<&mut std::io::BufWriter<std::fs::File>, SinkError> {
+        use std::io::Write;
+        let path = self.dir.join(&part);
+        if !self.files.contains_key(&part) {
+            let io = |source| SinkError::Io { what: path.display().to_string(), source };
+            std::fs::create_dir_all(&path).map_err(io)?;
+            let mut w = std::io::BufWriter::new(std::fs::File::create(path.join("part-0.csv")).map_err(io)?);
+            w.write_all(self.header.as_bytes()).and_then(|_| w.write_all(b"\n")).map_err(io)?;
+            self.files.insert(part.clone(), w);
+        }
+        Ok(self.files.get_mut(&part).expect("inserted above"))
+    }
+}
+
+impl Sink for PartitionedCsv {
+    type Item = String;
+
+    fn write(&mut self, updates: &mut Vec<(String, Timestamp, i64)>) -> Result<u64, SinkError> {
         use std::io::Write;
         let mut written = 0;
-        input.for_each_stamp(|_, data| {
-            for batch in data {
-                for (line, _, diff) in batch.drain(..) {
-                    let date_time: u64 = line.split(',').nth(3).and_then(|t| t.parse().ok()).unwrap_or(0);
-                    let part = q10_partition(date_time);
-                    let file = match files.get_mut(&part) {
-                        Some(f) => f,
-                        None => {
-                            let path = dir.join(&part);
-                            let opened = std::fs::create_dir_all(&path)
-                                .and_then(|_| std::fs::File::create(path.join("part-0.csv")))
-                                .map(std::io::BufWriter::new)
-                                .and_then(|mut w| w.write_all(header.as_bytes()).and(w.write_all(b"\n")).map(|_| w));
-                            match opened {
-                                Ok(w) => files.entry(part).or_insert(w),
-                                Err(e) => {
-                                    if let Ok(mut errors) = h.errors.lock() {
-                                        errors.push(format!("writing {}: {e}", path.display()));
-                                    }
-                                    continue;
-                                }
-                            }
-                        }
-                    };
-                    for _ in 0..diff.max(0) {
-                        if let Err(e) = file.write_all(line.as_bytes()).and(file.write_all(b"\n")) {
-                            if let Ok(mut errors) = h.errors.lock() {
-                                errors.push(format!("writing {}: {e}", dir.display()));
-                            }
-                        }
-                        written += 1;
-                    }
-                }
-            }
-        });
-        h.lines.add(written);
-        if frontier.is_empty() {
-            for f in files.values_mut() {
-                let _ = f.flush();
+        for (line, _, diff) in updates.drain(..) {
+            let date_time: u64 = line.split(',').nth(3).and_then(|t| t.parse().ok()).unwrap_or(0);
+            let dir = self.dir.clone();
+            let file = self.file(q10_partition(date_time))?;
+            for _ in 0..diff.max(0) {
+                file.write_all(line.as_bytes())
+                    .and_then(|_| file.write_all(b"\n"))
+                    .map_err(|source| SinkError::Io { what: dir.display().to_string(), source })?;
+                written += 1;
             }
         }
-    });
-    handle
+        Ok(written)
+    }
+
+    fn finish(&mut self) -> Result<u64, SinkError> {
+        use std::io::Write;
+        for (part, f) in self.files.iter_mut() {
+            f.flush().map_err(|source| SinkError::Io { what: self.dir.join(part).display().to_string(), source })?;
+        }
+        Ok(0)
+    }
 }
 
 pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
@@ -289,7 +286,12 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
             watch_watermark(&rows, &g);
             let header = out.header.join(",");
             let handle = match (&output, query.0) {
-                (Some(dir), 10) => write_partitioned(&rows, dir.clone(), header),
+                (Some(dir), 10) => {
+                    let dir = dir.clone();
+                    write(&rows, "WritePartitioned", Placement::Worker0, move |_, _| {
+                        Ok(PartitionedCsv { dir, header, files: HashMap::new() })
+                    })
+                }
                 _ => {
                     let target = match (&output, discard) {
                         (_, true) => LineTarget::Discard,

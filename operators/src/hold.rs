@@ -82,7 +82,7 @@ impl Hold {
 
 /// Records waiting until the watermark passes their event time, so that they
 /// can be taken in event-time order.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Waiting<D> {
     /// By event time: the records, and the timely time their results go out at
     /// (their event time, or their arrival time if they came later).

@@ -66,7 +66,7 @@ pub struct IntervalJoined<'scope, O: 'static, L: 'static, R: 'static> {
 }
 
 /// A left record held by the join.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Left<L> {
     record: L,
     time: Timestamp,
@@ -77,7 +77,7 @@ struct Left<L> {
 
 /// The records one side holds for a key, in arrival order, and the time a
 /// release check is scheduled for them (`Timestamp::MAX`: none).
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Held<T> {
     items: VecDeque<T>,
     scheduled: Timestamp,

@@ -158,7 +158,9 @@ pub fn write_lines(
     target: LineTarget,
     mode: SinkMode,
 ) -> SinkHandle {
-    write(lines, "WriteLines", Placement::Worker0, move |_worker, handle| {
+    // Discarded lines are only counted: no need to gather them on one worker.
+    let placement = if matches!(target, LineTarget::Discard) { Placement::EachWorker } else { Placement::Worker0 };
+    write(lines, "WriteLines", placement, move |_worker, handle| {
         LineSink::open(&target, header.as_deref(), mode, handle)
     })
 }

@@ -21,7 +21,7 @@ use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
 
 /// Per window and key: the accumulator and what was last emitted for it.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Slot<Acc, O> {
     acc: Acc,
     emitted: Option<O>,
@@ -30,7 +30,11 @@ struct Slot<Acc, O> {
 }
 
 /// The windows that end at the same time.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(bound(
+    serialize = "K: serde::Serialize, Acc: serde::Serialize, O: serde::Serialize",
+    deserialize = "K: Key, Acc: serde::de::DeserializeOwned, O: serde::de::DeserializeOwned"
+))]
 struct Bucket<K, Acc, O> {
     /// The timely time the bucket's first results go out at: its last
     /// millisecond, or later if its first record arrived later than that.
@@ -39,7 +43,11 @@ struct Bucket<K, Acc, O> {
 }
 
 /// The operator's state: every window not yet released, by end.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(bound(
+    serialize = "K: serde::Serialize, Acc: serde::Serialize, O: serde::Serialize",
+    deserialize = "K: Key, Acc: serde::de::DeserializeOwned, O: serde::de::DeserializeOwned"
+))]
 struct State<K, Acc, O> {
     buckets: BTreeMap<Timestamp, Bucket<K, Acc, O>>,
     /// Windows ending at or before this watermark have fired.

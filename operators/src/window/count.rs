@@ -85,7 +85,7 @@ impl CountWindows {
 }
 
 /// The processed records of a key and the windows emitted over them.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct KeyState<D, O> {
     /// Processed records in order; `history[0]` has absolute index `base`.
     history: VecDeque<(Timestamp, D)>,

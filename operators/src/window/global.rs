@@ -205,7 +205,7 @@ macro_rules! purging {
 purging!(CountTrigger, EventTimeTrigger, ProcessingTimeTrigger);
 
 /// A key's window.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct KeyWindow<Acc, S, O> {
     acc: Acc,
     trigger: S,

@@ -65,7 +65,7 @@ impl Session {
 type ResultUpdate<K, O> = Update<WindowResult<K, O>>;
 
 /// One session of one key.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Sess<Acc, O> {
     window: Window,
     acc: Acc,
@@ -77,7 +77,7 @@ struct Sess<Acc, O> {
 }
 
 /// The sessions of one key, sorted by start, and the next time a timer is set for.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct KeyState<Acc, O> {
     sessions: Vec<Sess<Acc, O>>,
     timer: Timestamp,

@@ -252,6 +252,7 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
         batch_size: args.batch_size.max(1),
         max_in_flight: args.max_in_flight,
         start_offsets: Vec::new(),
+        ..Default::default()
     };
     if args.query.0 == 10 && args.output.is_some() {
         if let Some(dir) = &args.output {

@@ -32,6 +32,35 @@ pub struct SourceOptions {
     pub max_in_flight: usize,
     /// Offsets to start partitions from (by partition index), e.g. on recovery.
     pub start_offsets: Vec<(usize, Offset)>,
+    /// Where the workers of a process publish their watermarks, so that a
+    /// worker whose partitions are all idle follows the others instead of
+    /// holding the watermark back. Shared by cloning: make the options once,
+    /// outside `timely::execute`.
+    pub board: WatermarkBoard,
+}
+
+/// The watermarks of the workers of one process reading one source: `None`
+/// for a worker whose partitions are all idle, the last watermark for one that
+/// is done.
+#[derive(Clone, Debug, Default)]
+pub struct WatermarkBoard(Arc<Mutex<Vec<Option<Timestamp>>>>);
+
+impl WatermarkBoard {
+    /// Publishes worker `index`'s watermark.
+    fn publish(&self, index: usize, watermark: Option<Timestamp>) {
+        if let Ok(mut board) = self.0.lock() {
+            if board.len() <= index {
+                board.resize(index + 1, None);
+            }
+            board[index] = watermark;
+        }
+    }
+
+    /// The least watermark another worker has published (active or done).
+    fn others(&self, index: usize) -> Option<Timestamp> {
+        let board = self.0.lock().ok()?;
+        board.iter().enumerate().filter(|(i, _)| *i != index).filter_map(|(_, w)| *w).min()
+    }
 }
 
 impl Default for SourceOptions {
@@ -43,6 +72,7 @@ impl Default for SourceOptions {
             batch_size: 4096,
             max_in_flight: 500_000,
             start_offsets: Vec::new(),
+            board: WatermarkBoard::default(),
         }
     }
 }
@@ -141,6 +171,8 @@ where
         let mut in_flight: VecDeque<(Timestamp, usize)> = VecDeque::new();
         let mut outstanding = 0usize;
         let mut paused_since: Option<(Instant, Option<Timestamp>)> = None;
+        // The highest watermark any partition of this worker has reached.
+        let mut highest: Timestamp = 0;
 
         move |_frontiers| {
             let Some(held) = cap.as_mut() else { return };
@@ -235,6 +267,7 @@ where
                         }
                     }
                     if status == ReadStatus::End {
+                        highest = highest.max(partition.watermark.current());
                         partition.idle = true;
                         partition.index = usize::MAX;
                     } else if status == ReadStatus::Idle && partition.watermark.is_idle(now) {
@@ -245,11 +278,23 @@ where
             }
 
             if open.is_empty() && queue.is_empty() {
+                // Done: idle workers may follow as far as this one got.
+                options.board.publish(index, Some(highest));
                 cap = None;
                 dead_cap = None;
                 return;
             }
-            let watermark = open.iter().filter(|p| !p.idle).map(|p| p.watermark.current()).min();
+            for p in open.iter() {
+                highest = highest.max(p.watermark.current());
+            }
+            let local = open.iter().filter(|p| !p.idle).map(|p| p.watermark.current()).min();
+            options.board.publish(index, local);
+            // All partitions idle: they do not hold the watermark back. It moves to
+            // the highest one this worker's partitions reached (ended ones included)
+            // or the other workers', whichever is higher; records that come later
+            // are judged late against it.
+            let watermark =
+                local.or_else(|| queue.is_empty().then(|| highest.max(options.board.others(index).unwrap_or(0))));
             if let Some(w) = watermark {
                 if w > *held.time() {
                     held.downgrade(&w);

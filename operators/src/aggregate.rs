@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::hash::Hash;
 use std::marker::PhantomData;
 
-use serde::{de::DeserializeOwned, Serialize};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use crate::key::{Data, StateMap};
 use crate::time::Diff;
@@ -170,8 +170,18 @@ fn append_only_violated(what: &str) -> ! {
     )
 }
 
+/// The state of [`Min`] and [`Max`]: the multiset of values when exact under
+/// retractions, only the best value when append-only.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Extreme<V: Ord> {
+    /// Every value with its multiplicity.
+    Multiset(BTreeMap<V, Diff>),
+    /// The best value so far (insert-only input).
+    Best(Option<V>),
+}
+
 macro_rules! extremum {
-    ($name:ident, $doc:literal, $pick:ident, $is_max:expr, $better:expr) => {
+    ($name:ident, $doc:literal, $is_max:expr) => {
         #[doc = $doc]
         ///
         /// `of` keeps the multiset of values (exact under retractions);
@@ -198,6 +208,19 @@ macro_rules! extremum {
             {
                 $name { field, append_only: true, _value: PhantomData }
             }
+
+            /// Whether `a` beats `b`.
+            #[inline]
+            fn better(a: &V, b: &V) -> bool
+            where
+                V: Ord,
+            {
+                if $is_max {
+                    a > b
+                } else {
+                    a < b
+                }
+            }
         }
 
         impl<D, V, F> Aggregate<D> for $name<F, V>
@@ -205,57 +228,59 @@ macro_rules! extremum {
             V: Data + Ord,
             F: Fn(&D) -> V + 'static,
         {
-            /// The multiset of values (or only the best one, append-only).
-            type Acc = BTreeMap<V, Diff>;
+            type Acc = Extreme<V>;
             type Output = V;
             fn init(&self) -> Self::Acc {
-                BTreeMap::new()
+                if self.append_only {
+                    Extreme::Best(None)
+                } else {
+                    Extreme::Multiset(BTreeMap::new())
+                }
             }
             #[inline]
             fn update(&self, acc: &mut Self::Acc, record: &D, diff: Diff) {
                 let value = (self.field)(record);
-                if self.append_only {
-                    if diff < 0 {
-                        append_only_violated(stringify!($name));
-                    }
-                    let better: fn(&V, &V) -> bool = $better;
-                    match acc.$pick() {
-                        Some((best, _)) if !better(&value, best) => {}
-                        _ => {
-                            acc.clear();
-                            acc.insert(value, 1);
+                match acc {
+                    Extreme::Best(best) => {
+                        if diff < 0 {
+                            append_only_violated(stringify!($name));
+                        }
+                        if best.as_ref().is_none_or(|b| Self::better(&value, b)) {
+                            *best = Some(value);
                         }
                     }
-                } else {
-                    bump(acc, value, diff);
+                    Extreme::Multiset(values) => bump(values, value, diff),
                 }
             }
             fn merge(&self, acc: &mut Self::Acc, other: Self::Acc) {
-                if self.append_only {
-                    for (v, _) in other {
-                        let better: fn(&V, &V) -> bool = $better;
-                        if acc.$pick().map_or(true, |(best, _)| better(&v, best)) {
-                            acc.clear();
-                            acc.insert(v, 1);
+                match (acc, other) {
+                    (Extreme::Best(best), Extreme::Best(Some(v))) => {
+                        if best.as_ref().is_none_or(|b| Self::better(&v, b)) {
+                            *best = Some(v);
                         }
                     }
-                } else {
-                    merge_multisets(acc, other);
+                    (Extreme::Multiset(values), Extreme::Multiset(more)) => merge_multisets(values, more),
+                    (_, Extreme::Best(None)) => {}
+                    (_, Extreme::Multiset(_)) | (Extreme::Multiset(_), _) => {
+                        unreachable!("accumulators of one aggregate have one shape")
+                    }
                 }
             }
             fn output(&self, acc: &Self::Acc) -> Option<V> {
-                if $is_max {
-                    acc.iter().rev().find(|(_, d)| **d > 0).map(|(v, _)| v.clone())
-                } else {
-                    acc.iter().find(|(_, d)| **d > 0).map(|(v, _)| v.clone())
+                match acc {
+                    Extreme::Best(best) => best.clone(),
+                    Extreme::Multiset(values) if $is_max => {
+                        values.iter().rev().find(|(_, d)| **d > 0).map(|(v, _)| v.clone())
+                    }
+                    Extreme::Multiset(values) => values.iter().find(|(_, d)| **d > 0).map(|(v, _)| v.clone()),
                 }
             }
         }
     };
 }
 
-extremum!(Max, "The maximum of a field.", last_key_value, true, |a, b| a > b);
-extremum!(Min, "The minimum of a field.", first_key_value, false, |a, b| a < b);
+extremum!(Max, "The maximum of a field.", true);
+extremum!(Min, "The minimum of a field.", false);
 
 /// All records whose `field` is the maximum (every tie), in arrival order.
 ///
@@ -286,61 +311,94 @@ impl<F, V> MaxBy<F, V> {
     }
 }
 
+/// The state of [`MaxBy`]: records by value with multiplicities when exact,
+/// only the best value's records when append-only.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum ArgMax<V: Ord, D> {
+    /// Every record, grouped by value, with its multiplicity.
+    Multiset(BTreeMap<V, Vec<(D, Diff)>>),
+    /// The best value and its records (insert-only input).
+    Best(Option<(V, Vec<D>)>),
+}
+
+/// Adds `diff` to `record` in a group of records with multiplicities.
+fn bump_record<D: PartialEq + Clone>(group: &mut Vec<(D, Diff)>, record: &D, diff: Diff) {
+    match group.iter_mut().position(|(d, _)| d == record) {
+        Some(i) => {
+            group[i].1 += diff;
+            if group[i].1 == 0 {
+                group.remove(i);
+            }
+        }
+        None => group.push((record.clone(), diff)),
+    }
+}
+
 impl<D, V, F> Aggregate<D> for MaxBy<F, V>
 where
     D: Data + PartialEq,
     V: Data + Ord,
     F: Fn(&D) -> V + 'static,
 {
-    /// Records grouped by their field value, each with its multiplicity.
-    type Acc = BTreeMap<V, Vec<(D, Diff)>>;
+    type Acc = ArgMax<V, D>;
     type Output = Vec<D>;
     fn init(&self) -> Self::Acc {
-        BTreeMap::new()
+        if self.append_only {
+            ArgMax::Best(None)
+        } else {
+            ArgMax::Multiset(BTreeMap::new())
+        }
     }
     #[inline]
     fn update(&self, acc: &mut Self::Acc, record: &D, diff: Diff) {
         let value = (self.field)(record);
-        if self.append_only {
-            if diff < 0 {
-                append_only_violated("MaxBy");
-            }
-            match acc.last_key_value() {
-                Some((best, _)) if value < *best => return,
-                Some((best, _)) if value > *best => acc.clear(),
-                _ => {}
-            }
-        }
-        let group = acc.entry(value.clone()).or_default();
-        match group.iter_mut().position(|(d, _)| d == record) {
-            Some(i) => {
-                group[i].1 += diff;
-                if group[i].1 == 0 {
-                    group.remove(i);
+        match acc {
+            ArgMax::Best(best) => {
+                if diff < 0 {
+                    append_only_violated("MaxBy");
+                }
+                match best {
+                    Some((v, records)) if value == *v => records.push(record.clone()),
+                    Some((v, _)) if value < *v => {}
+                    _ => *best = Some((value, vec![record.clone()])),
                 }
             }
-            None => group.push((record.clone(), diff)),
-        }
-        if group.is_empty() {
-            acc.remove(&value);
+            ArgMax::Multiset(groups) => {
+                let group = groups.entry(value.clone()).or_default();
+                bump_record(group, record, diff);
+                if group.is_empty() {
+                    groups.remove(&value);
+                }
+            }
         }
     }
     fn merge(&self, acc: &mut Self::Acc, other: Self::Acc) {
-        for (_, group) in other {
-            for (d, r) in group {
-                self.update(acc, &d, r);
+        match other {
+            ArgMax::Multiset(groups) => {
+                for (_, group) in groups {
+                    for (d, r) in group {
+                        self.update(acc, &d, r);
+                    }
+                }
             }
+            ArgMax::Best(Some((_, records))) => {
+                for d in records {
+                    self.update(acc, &d, 1);
+                }
+            }
+            ArgMax::Best(None) => {}
         }
     }
     fn output(&self, acc: &Self::Acc) -> Option<Vec<D>> {
-        let (_, group) = acc.last_key_value()?;
-        let mut out = Vec::new();
-        for (d, r) in group {
-            for _ in 0..(*r).max(0) {
-                out.push(d.clone());
+        match acc {
+            ArgMax::Best(best) => best.as_ref().map(|(_, records)| records.clone()),
+            ArgMax::Multiset(groups) => {
+                let (_, group) = groups.last_key_value()?;
+                let out: Vec<D> =
+                    group.iter().flat_map(|(d, r)| std::iter::repeat_n(d.clone(), (*r).max(0) as usize)).collect();
+                (!out.is_empty()).then_some(out)
             }
         }
-        (!out.is_empty()).then_some(out)
     }
 }
 
@@ -374,41 +432,50 @@ where
     V: Data + Hash + Eq,
     F: Fn(&D) -> Option<V> + 'static,
 {
-    /// Multiplicity of each value, and the number of records seen (so an
-    /// all-skipped group still reports 0 rather than nothing).
-    type Acc = (StateMap<V, Diff>, i64);
+    /// Multiplicity of each value, the number of values with a positive one
+    /// (so that the output costs nothing), and the number of records seen (so
+    /// that an all-skipped group still reports 0 rather than nothing).
+    type Acc = (StateMap<V, Diff>, u64, i64);
     type Output = u64;
     fn init(&self) -> Self::Acc {
-        (StateMap::default(), 0)
+        (StateMap::default(), 0, 0)
     }
     #[inline]
     fn update(&self, acc: &mut Self::Acc, record: &D, diff: Diff) {
-        acc.1 += diff;
+        acc.2 += diff;
         if let Some(value) = (self.field)(record) {
-            let entry = acc.0.entry(value);
-            match entry {
+            let before = match acc.0.entry(value) {
                 std::collections::hash_map::Entry::Occupied(mut e) => {
+                    let before = *e.get();
                     *e.get_mut() += diff;
                     if *e.get() == 0 {
                         e.remove();
                     }
+                    before
                 }
                 std::collections::hash_map::Entry::Vacant(e) => {
                     e.insert(diff);
+                    0
                 }
+            };
+            let after = before + diff;
+            match (before > 0, after > 0) {
+                (false, true) => acc.1 += 1,
+                (true, false) => acc.1 -= 1,
+                _ => {}
             }
         }
     }
     fn merge(&self, acc: &mut Self::Acc, other: Self::Acc) {
-        acc.1 += other.1;
+        acc.2 += other.2;
         for (v, d) in other.0 {
-            let e = acc.0.entry(v).or_insert(0);
-            *e += d;
+            *acc.0.entry(v).or_insert(0) += d;
         }
         acc.0.retain(|_, d| *d != 0);
+        acc.1 = acc.0.values().filter(|d| **d > 0).count() as u64;
     }
     fn output(&self, acc: &Self::Acc) -> Option<u64> {
-        (acc.1 > 0).then(|| acc.0.values().filter(|d| **d > 0).count() as u64)
+        (acc.2 > 0).then_some(acc.1)
     }
 }
 
@@ -514,15 +581,7 @@ impl<D: Data + PartialEq> Aggregate<D> for Collect {
         Vec::new()
     }
     fn update(&self, acc: &mut Self::Acc, record: &D, diff: Diff) {
-        match acc.iter_mut().position(|(d, _)| d == record) {
-            Some(i) => {
-                acc[i].1 += diff;
-                if acc[i].1 == 0 {
-                    acc.remove(i);
-                }
-            }
-            None => acc.push((record.clone(), diff)),
-        }
+        bump_record(acc, record, diff);
     }
     fn merge(&self, acc: &mut Self::Acc, other: Self::Acc) {
         for (d, r) in other {
@@ -649,7 +708,7 @@ mod tests {
         for x in [3, 8, 2, 8] {
             agg.update(&mut acc, &x, 1);
         }
-        assert_eq!(acc.len(), 1);
+        assert!(matches!(acc, Extreme::Best(Some(8))));
         assert_eq!(agg.output(&acc), Some(8));
     }
 

@@ -12,8 +12,12 @@ use crate::key::{route, Data, Key, StateMap};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, Timestamp};
 
-/// Per key: accumulator, result last emitted, and whether it changed at the current time.
-type Entry<Acc, O> = (Acc, Option<O>, bool);
+/// Per key: the accumulator, and whether it changed at the time being applied.
+///
+/// The result last emitted is not kept: it is recomputed from the accumulator
+/// before the key's first change at a time, which halves the state of keys
+/// with large results.
+type Entry<Acc> = (Acc, bool);
 
 impl<'scope, D: Data> EventStream<'scope, D> {
     /// Maintains `aggregate` per key over the whole changelog, as a table.
@@ -65,11 +69,12 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         let key_route = Rc::clone(&key);
         let pact = Exchange::new(move |u: &Update<D>| route(&key_route(&u.0)));
         let inner = self.inner.clone().unary_frontier(pact, name, move |_cap, _info| {
-            let mut table: StateMap<K, Entry<A::Acc, A::Output>> = StateMap::default();
+            let mut table: StateMap<K, Entry<A::Acc>> = StateMap::default();
             // Input waiting for the watermark, by timely time.
             let mut pending: BTreeMap<Timestamp, Vec<(K, D, i64)>> = BTreeMap::new();
             let mut hold = Hold::default();
-            let mut dirty: Vec<K> = Vec::new();
+            // Keys changed at the time being applied, with their result before it.
+            let mut dirty: Vec<(K, Option<A::Output>)> = Vec::new();
             move |(input, frontier), output| {
                 input.for_each_stamp(|cap, data| {
                     let arrived = arrival_time(&cap);
@@ -88,32 +93,29 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                     }
                     let (time, updates) = entry.remove_entry();
                     for (k, d, r) in updates {
-                        let (acc, _, changed) = table.entry(k.clone()).or_insert_with(|| (agg.init(), None, false));
-                        agg.update(acc, &d, r);
+                        let (acc, changed) = table.entry(k.clone()).or_insert_with(|| (agg.init(), false));
                         if !*changed {
                             *changed = true;
-                            dirty.push(k);
+                            dirty.push((k, agg.output(acc)));
                         }
+                        agg.update(acc, &d, r);
                     }
                     let cap = hold.at(time);
                     let mut session = output.session(&cap);
-                    for k in dirty.drain(..) {
-                        let Some((acc, emitted, changed)) = table.get_mut(&k) else {
+                    for (k, old) in dirty.drain(..) {
+                        let Some((acc, changed)) = table.get_mut(&k) else {
                             continue;
                         };
                         *changed = false;
                         let new = agg.output(acc);
-                        if let Some(old) = emitted.take() {
+                        if new.is_none() {
+                            table.remove(&k);
+                        }
+                        if let Some(old) = old {
                             session.give(((k.clone(), old), time, -1));
                         }
-                        match new {
-                            Some(value) => {
-                                session.give(((k.clone(), value.clone()), time, 1));
-                                *emitted = Some(value);
-                            }
-                            None => {
-                                table.remove(&k);
-                            }
+                        if let Some(new) = new {
+                            session.give(((k, new), time, 1));
                         }
                     }
                     hold.remove(time);

@@ -92,6 +92,14 @@ struct KeyState<D, O> {
     base: u64,
     /// Emitted windows: (absolute index of the last record, window, value).
     emitted: VecDeque<(u64, Window, O)>,
+    /// Changed since the last trim.
+    touched: bool,
+}
+
+impl<D, O> KeyState<D, O> {
+    fn new() -> Self {
+        KeyState { history: VecDeque::new(), base: 0, emitted: VecDeque::new(), touched: false }
+    }
 }
 
 impl<D: Data + Ord> WindowSpec<D> for CountWindows {
@@ -176,6 +184,7 @@ where
         let mut processed_upto: Timestamp = 0;
         let mut out = Vec::new();
         let mut emitted = Vec::new();
+        let mut touched: Vec<K> = Vec::new();
 
         move |frontiers| {
             let mut results = results_out.activate();
@@ -201,11 +210,10 @@ where
                         }
                         // Late but allowed: insert in place, re-emit every shifted window.
                         let k = key(&record);
-                        let state = keys.entry(k.clone()).or_insert_with(|| KeyState {
-                            history: VecDeque::new(),
-                            base: 0,
-                            emitted: VecDeque::new(),
-                        });
+                        let state = keys.entry(k.clone()).or_insert_with(KeyState::new);
+                        if !std::mem::replace(&mut state.touched, true) {
+                            touched.push(k.clone());
+                        }
                         for _ in 0..diff {
                             let pos = state.history.partition_point(|(t, d)| (*t, d) <= (time, &record));
                             let abs = state.base + pos as u64;
@@ -232,11 +240,10 @@ where
                     records.sort();
                     for record in records {
                         let k = key(&record);
-                        let state = keys.entry(k.clone()).or_insert_with(|| KeyState {
-                            history: VecDeque::new(),
-                            base: 0,
-                            emitted: VecDeque::new(),
-                        });
+                        let state = keys.entry(k.clone()).or_insert_with(KeyState::new);
+                        if !std::mem::replace(&mut state.touched, true) {
+                            touched.push(k.clone());
+                        }
                         state.history.push_back((time, record));
                         let end = state.base + state.history.len() as u64;
                         evaluate(state, end - 1, end, &agg, &k, &mut out, &mut emitted);
@@ -246,9 +253,13 @@ where
                         results.session(&hold.at(emit_at)).give_iterator(out.drain(..));
                     }
                 }
-                // Keep the records a late record could still shift, plus a window's worth before them.
+                // Keep the records a late record could still shift, plus a window's
+                // worth before them. Only keys that changed need trimming: the others
+                // were trimmed when they last changed and hold at most that much.
                 let horizon = watermark.saturating_sub(lateness.0);
-                keys.retain(|_, state| {
+                for k in touched.drain(..) {
+                    let Some(state) = keys.get_mut(&k) else { continue };
+                    state.touched = false;
                     let recent = state.base + state.history.partition_point(|(t, _)| *t < horizon) as u64;
                     let keep_from =
                         if spec.tumbling { recent - recent % spec.size } else { recent.saturating_sub(spec.size - 1) }
@@ -259,8 +270,10 @@ where
                         state.emitted.pop_front();
                     }
                     // An empty key is forgotten only where the count restarts at 0.
-                    !state.history.is_empty() || state.base % spec.slide != 0
-                });
+                    if state.history.is_empty() && state.base % spec.slide == 0 {
+                        keys.remove(&k);
+                    }
+                }
                 hold.settle(None);
             }
         }

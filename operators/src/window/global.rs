@@ -316,6 +316,7 @@ where
         let mut processed_upto: Timestamp = 0;
         let mut last_period: u64 = period.map(|p| wall_clock_ms() / p * p).unwrap_or(0);
         let mut out = Vec::new();
+        let mut touched: Vec<K> = Vec::new();
 
         let new_window = |agg: &A, time| KeyWindow {
             acc: agg.init(),
@@ -336,8 +337,10 @@ where
                        windows: &mut StateMap<K, KeyWindow<_, _, _>>,
                        timers: &mut BTreeMap<Timestamp, Vec<K>>,
                        out: &mut Vec<_>,
+                       touched: &mut Vec<K>,
                        emit_time: Timestamp| {
                 let k = key(&record);
+                touched.push(k.clone());
                 let w = windows.entry(k.clone()).or_insert_with(|| new_window(&agg, time));
                 if !w.filled {
                     w.filled = true;
@@ -366,7 +369,7 @@ where
                             } else if time >= processed_upto {
                                 waiting.insert(record.clone(), time, arrived, &mut hold, &cap);
                             } else {
-                                add(record.clone(), time, &mut windows, &mut timers, &mut out, arrived);
+                                add(record.clone(), time, &mut windows, &mut timers, &mut out, &mut touched, arrived);
                             }
                         }
                     }
@@ -395,6 +398,7 @@ where
                                     continue;
                                 }
                                 w.timer = None;
+                                touched.push(k.clone());
                                 let action = trigger.on_event_time(&mut w.trigger, t);
                                 act::<K, D, T, A>(action, &k, w, Window::new(w.start, t), emit, &agg, &mut out);
                             }
@@ -408,7 +412,7 @@ where
                             // Ties in one millisecond in the records' own order, not arrival order.
                             records.sort();
                             for record in records {
-                                add(record, time, &mut windows, &mut timers, &mut out, emit_at);
+                                add(record, time, &mut windows, &mut timers, &mut out, &mut touched, emit_at);
                             }
                             if !out.is_empty() {
                                 results.session(&hold.at(emit_at)).give_iterator(out.drain(..));
@@ -442,14 +446,21 @@ where
                     }
                     out.clear();
                     last_period = this_period;
+                    // Every window may have been purged: look at all of them, once a period.
+                    windows.retain(|_, w| w.filled || w.timer.is_some() || w.emitted.is_some());
                 }
                 if !ended {
                     activator.activate_after(std::time::Duration::from_millis(last_period + period - now));
                 }
             }
-            windows.retain(|_, w| w.filled || w.timer.is_some() || w.emitted.is_some());
-            // Processing-time firings may come at any moment: hold the watermark while windows are filled.
-            let floor = (period.is_some() && windows.values().any(|w| w.filled) || !timers.is_empty())
+            // Windows left empty (purged, no timer, nothing to retract) are forgotten.
+            for k in touched.drain(..) {
+                if windows.get(&k).is_some_and(|w| !(w.filled || w.timer.is_some() || w.emitted.is_some())) {
+                    windows.remove(&k);
+                }
+            }
+            // Processing-time firings may come at any moment: hold the watermark while windows exist.
+            let floor = (period.is_some() && !windows.is_empty() || !timers.is_empty())
                 .then_some(processed_upto)
                 .filter(|t| *t < END_OF_TIME);
             hold.settle(floor);

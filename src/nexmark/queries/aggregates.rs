@@ -4,9 +4,16 @@ use std::cmp::Reverse;
 
 use highwater_operators::prelude::*;
 
-use super::format::{utc_day, utc_hour_minute, Row};
+use super::format::{utc_hour_minute, Row};
 use super::{bids, QueryKind, QueryOptions, QueryOutput};
 use crate::nexmark::model::{Bid, Event};
+
+const DAY_MS: u64 = 86_400_000;
+
+/// The UTC day of a time, as days since the epoch (formatted only on output).
+fn day_of(ms: u64) -> u64 {
+    ms / DAY_MS
+}
 
 /// Price rank: 1 below 10 000, 2 below 1 000 000, else 3.
 fn rank(price: i64) -> u8 {
@@ -89,26 +96,24 @@ macro_rules! with_counts {
 pub(super) fn q15<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
     let fmt = options.format();
     let rows = bids(events)
-        .aggregate_by_key_named("DailyStats", |b: &Bid| utc_day(b.date_time), counts())
-        .map(move |(day, c)| push_counts(fmt.row().str(&day), c).done());
+        .aggregate_by_key_named("DailyStats", |b: &Bid| day_of(b.date_time), counts())
+        .map(move |(day, c)| push_counts(fmt.row().day(day), c).done());
     QueryOutput { header: with_counts!("day"), rows, kind: QueryKind::Updating, late: Vec::new() }
 }
 
 /// Per channel and UTC day: as q15, with the latest minute seen.
 pub(super) fn q16<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
     let fmt = options.format();
-    let minute = |b: &Bid| {
-        let (h, m) = utc_hour_minute(b.date_time);
-        format!("{h:02}:{m:02}")
-    };
+    let minute = |b: &Bid| b.date_time % DAY_MS / 60_000;
     let rows = bids(events)
         .aggregate_by_key_named(
             "ChannelDailyStats",
-            |b: &Bid| (b.channel.to_string(), utc_day(b.date_time)),
+            |b: &Bid| (b.channel.clone(), day_of(b.date_time)),
             (Max::append_only(minute), counts()),
         )
         .map(move |((channel, day), (minute, c))| {
-            push_counts(fmt.row().str(&channel).str(&day).str(&minute), c).done()
+            let (h, m) = utc_hour_minute(minute * 60_000);
+            push_counts(fmt.row().str(&channel).day(day).str(&format!("{h:02}:{m:02}")), c).done()
         });
     QueryOutput { header: with_counts!("channel", "day", "minute"), rows, kind: QueryKind::Updating, late: Vec::new() }
 }
@@ -120,7 +125,7 @@ pub(super) fn q17<'scope>(events: &EventStream<'scope, Event>, options: &QueryOp
     let rows = bids(events)
         .aggregate_by_key_named(
             "AuctionDailyStats",
-            |b: &Bid| (b.auction, utc_day(b.date_time)),
+            |b: &Bid| (b.auction, day_of(b.date_time)),
             (
                 (
                     Count,
@@ -132,7 +137,7 @@ pub(super) fn q17<'scope>(events: &EventStream<'scope, Event>, options: &QueryOp
             ),
         )
         .map(move |((auction, day), ((n, n1, n2, n3), (min, max, avg, sum)))| {
-            fmt.row().int(auction).str(&day).int(n).int(n1).int(n2).int(n3).int(min).int(max).float(avg).int(sum).done()
+            fmt.row().int(auction).day(day).int(n).int(n1).int(n2).int(n3).int(min).int(max).float(avg).int(sum).done()
         });
     QueryOutput {
         header: &[

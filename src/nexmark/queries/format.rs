@@ -95,6 +95,13 @@ impl Row {
         csv_field(&mut self.line, v);
         self
     }
+    /// A day since the epoch as `yyyy-MM-dd`.
+    pub(super) fn day(self, day: u64) -> Self {
+        if self.muted {
+            return self;
+        }
+        self.str(&utc_day(day * 86_400_000))
+    }
     /// A price as exact euros (see [`euros`]).
     pub(super) fn euros(self, price: i64) -> Self {
         if self.muted {

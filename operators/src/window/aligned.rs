@@ -192,7 +192,11 @@ where
                     let mut session = results.session(&cap);
                     for ((start, k), slot) in bucket.slots.iter_mut() {
                         if let Some(value) = agg.output(&slot.acc) {
-                            slot.emitted = Some(value.clone());
+                            // Without lateness a fired window is never corrected: no need to
+                            // remember what to retract.
+                            if lateness.0 > 0 {
+                                slot.emitted = Some(value.clone());
+                            }
                             let window = Window::new(*start, end);
                             session.give((WindowResult { window, key: k.clone(), value }, end - 1, 1));
                         }

@@ -232,7 +232,10 @@ where
                                 session.fired = true;
                                 hold.remove(session.emit_at);
                                 if let Some(value) = agg.output(&session.acc) {
-                                    session.emitted = Some((session.window, value.clone()));
+                                    // Without lateness no record reaches a fired session.
+                                    if lateness.0 > 0 {
+                                        session.emitted = Some((session.window, value.clone()));
+                                    }
                                     let result = WindowResult { window: session.window, key: k.clone(), value };
                                     firing.push((session.emit_at, (result, session.window.end, 1)));
                                 }

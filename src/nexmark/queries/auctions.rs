@@ -36,9 +36,11 @@ struct Offer {
 /// `[auction.dateTime, auction.expires]`, emitted when the auction closes.
 /// Best: highest price, then earliest bid, then lowest bidder, then lowest
 /// `extra` (all ties only if two bids are identical in all of these).
+/// `extra` is carried only if `with_extra` (q9): q4 and q6 need the price alone.
 fn winning_bids<'scope>(
     events: &EventStream<'scope, Event>,
     options: &QueryOptions,
+    with_extra: bool,
 ) -> (EventStream<'scope, (Lot, Offer)>, Vec<Counter>) {
     let lateness = options.allowed_lateness;
     let lots = auctions(events).map(move |a: Auction| Lot {
@@ -51,7 +53,15 @@ fn winning_bids<'scope>(
         expires: a.expires,
     });
     let offers = bids(events).map(move |b: Bid| {
-        (b.auction, Offer { bidder: b.bidder, price: b.price, date_time: b.date_time, extra: b.extra })
+        (
+            b.auction,
+            Offer {
+                bidder: b.bidder,
+                price: b.price,
+                date_time: b.date_time,
+                extra: if with_extra { b.extra } else { String::new() },
+            },
+        )
     });
     let joined = lots.interval_join_core(
         "AuctionBids",
@@ -83,7 +93,7 @@ fn winning_bids<'scope>(
 /// Average closing price per category.
 pub(super) fn q4<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
     let fmt = options.format();
-    let (winners, late) = winning_bids(events, options);
+    let (winners, late) = winning_bids(events, options, false);
     let rows = winners
         .map(move |(a, b)| (a.category, b.price))
         .aggregate_by_key_named("AvgByCategory", |(c, _): &(i64, i64)| *c, Avg::of(|(_, p): &(i64, i64)| *p))
@@ -94,7 +104,7 @@ pub(super) fn q4<'scope>(events: &EventStream<'scope, Event>, options: &QueryOpt
 /// Per seller, the average closing price of its last 10 closed auctions.
 pub(super) fn q6<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
     let fmt = options.format();
-    let (winners, late) = winning_bids(events, options);
+    let (winners, late) = winning_bids(events, options, false);
     // Closed auctions in closing order: (expires, id) orders ties by id.
     let closed = winners.map(move |(a, b)| (a.expires, a.id, a.seller, b.price));
     let last_closed = |c: &(u64, i64, i64, i64)| (c.0, c.1);
@@ -120,7 +130,7 @@ pub(super) fn q6<'scope>(events: &EventStream<'scope, Event>, options: &QueryOpt
 /// Per auction, its winning bid.
 pub(super) fn q9<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
     let fmt = options.format();
-    let (winners, late) = winning_bids(events, options);
+    let (winners, late) = winning_bids(events, options, true);
     let rows = winners.map(move |(a, b)| {
         fmt.row()
             .int(a.id)

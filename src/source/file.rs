@@ -116,6 +116,7 @@ where
                     buf_offset: from.unwrap_or(0),
                     end: u64::MAX,
                     eof: false,
+                    skip_first_line: false,
                 })
             }
             Input::Files(paths) => {
@@ -133,6 +134,7 @@ where
                     buf_offset: 0,
                     end: block.end,
                     eof: false,
+                    skip_first_line: false,
                 };
                 match from {
                     Some(offset) => {
@@ -144,7 +146,8 @@ where
                         // The block's first line is the first that starts at or after `start`.
                         file.seek(SeekFrom::Start(block.start - 1)).map_err(io)?;
                         reader.buf_offset = block.start - 1;
-                        reader.skip_partial_line()?;
+                        // Done on the first read: opening a partition reads nothing.
+                        reader.skip_first_line = true;
                     }
                 }
                 Ok(reader)
@@ -203,6 +206,8 @@ pub struct JsonLinesReader<Dec> {
     /// Lines starting at or after this offset belong to the next block.
     end: u64,
     eof: bool,
+    /// The reader starts inside the previous block's last line.
+    skip_first_line: bool,
 }
 
 impl<Dec> std::fmt::Debug for JsonLinesReader<Dec> {
@@ -279,6 +284,9 @@ impl<Dec: Decode> PartitionReader for JsonLinesReader<Dec> {
         out: &mut dyn FnMut(Dec::Record),
         dead: &mut Vec<DeadLetter>,
     ) -> Result<ReadStatus, SourceError> {
+        if std::mem::take(&mut self.skip_first_line) {
+            self.skip_partial_line()?;
+        }
         let mut taken = 0;
         while taken < max {
             let line_start = self.buf_offset + self.pos as u64;

@@ -42,3 +42,55 @@ pub fn threads(config: &timely::Config) -> usize {
         timely::CommunicationConfig::Cluster { threads, .. } => *threads,
     }
 }
+
+/// Runs `func` on every worker of `config`, like [`timely::execute`].
+///
+/// While the processes of a cluster connect, timely prints its progress on
+/// standard output; that output belongs to the program (CSV rows), so during
+/// the connection phase standard output is pointed at standard error.
+pub fn execute<T, F>(config: timely::Config, func: F) -> Result<timely::communication::WorkerGuards<T>, String>
+where
+    T: Send + 'static,
+    F: Fn(&mut timely::worker::Worker) -> T + Send + Sync + 'static,
+{
+    let clustered = matches!(config.communication, timely::CommunicationConfig::Cluster { .. });
+    let (allocators, others) = if clustered {
+        let _redirect = StdoutToStderr::new();
+        config.communication.try_build()?
+    } else {
+        config.communication.try_build()?
+    };
+    timely::execute::execute_from(allocators, others, config.worker, func)
+}
+
+/// Points standard output at standard error until dropped.
+struct StdoutToStderr {
+    saved: Option<libc::c_int>,
+}
+
+impl StdoutToStderr {
+    fn new() -> Self {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        // SAFETY: dup/dup2 on the process's own standard descriptors; failures leave them as they were.
+        let saved = unsafe {
+            let saved = libc::dup(libc::STDOUT_FILENO);
+            (saved >= 0 && libc::dup2(libc::STDERR_FILENO, libc::STDOUT_FILENO) >= 0).then_some(saved)
+        };
+        StdoutToStderr { saved }
+    }
+}
+
+impl Drop for StdoutToStderr {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        if let Some(saved) = self.saved {
+            // SAFETY: restores the descriptor saved in `new` and closes the copy.
+            unsafe {
+                libc::dup2(saved, libc::STDOUT_FILENO);
+                libc::close(saved);
+            }
+        }
+    }
+}

@@ -64,7 +64,7 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
     let printed: Arc<std::sync::Mutex<Vec<SinkHandle>>> = Default::default();
     let (g, p) = (gauges.clone(), Arc::clone(&printed));
     eprintln!("highwater demo: hottest auction per 10 s window of event time (Ctrl-C to stop)");
-    let guards = timely::execute(config, move |worker| -> anyhow::Result<()> {
+    let guards = crate::cluster::execute(config, move |worker| -> anyhow::Result<()> {
         let probe = ProbeHandle::new();
         worker.dataflow(|scope| -> anyhow::Result<()> {
             let streams = events(scope, &input, options.clone(), &g, &probe)?;

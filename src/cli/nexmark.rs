@@ -270,7 +270,7 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
         (args.query, args.output.clone(), args.discard, args.dead_letters.clone());
     let source_only = args.source_only;
     let (g, s) = (gauges.clone(), Arc::clone(&sinks));
-    let guards = timely::execute(config, move |worker| -> anyhow::Result<()> {
+    let guards = crate::cluster::execute(config, move |worker| -> anyhow::Result<()> {
         let probe = ProbeHandle::new();
         worker.dataflow::<Timestamp, _, _>(|scope| -> anyhow::Result<()> {
             let streams = events(scope, &input, source_options.clone(), &g, &probe)?;

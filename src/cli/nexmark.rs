@@ -19,7 +19,7 @@ use crate::nexmark::{
     build, Event, Generator, GeneratorConfig, GeneratorSource, NexmarkDecoder, Query, QueryOptions, QueryOutput,
 };
 use crate::operators::{EventStream, Timestamp};
-use crate::sink::{write, write_lines, LineTarget, Placement, Sink, SinkError, SinkHandle, SinkMode};
+use crate::sink::{write, write_json_lines, write_lines, LineTarget, Placement, Sink, SinkError, SinkHandle, SinkMode};
 use crate::source::{read, JsonLines, SourceOptions, SourceStreams};
 use crate::time::{Millis, WatermarkStrategy};
 
@@ -132,10 +132,7 @@ pub(super) fn events<'scope>(
 /// Writes dead letters to a file, or reports the first few on stderr.
 pub(super) fn dead_letter_sink(dead: &EventStream<'_, DeadLetter>, path: Option<&PathBuf>) -> Option<SinkHandle> {
     match path {
-        Some(path) => {
-            let lines = dead.map(|d| serde_json::to_string(&d).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")));
-            Some(write_lines(&lines, None, LineTarget::File(path.clone()), SinkMode::Append))
-        }
+        Some(path) => Some(write_json_lines(dead, LineTarget::File(path.clone()), SinkMode::Append)),
         None => {
             let mut shown = 0;
             dead.inner.clone().sink(Pipeline, "ReportDeadLetters", move |(input, _)| {

@@ -164,3 +164,21 @@ pub fn write_lines(
         LineSink::open(&target, header.as_deref(), mode, handle)
     })
 }
+
+/// Writes every record as one JSON object per line (JSON Lines), from worker 0.
+///
+/// Updating streams should be written in [`SinkMode::Table`]; the lines are the
+/// records' serde JSON form.
+pub fn write_json_lines<T: highwater_operators::key::Data>(
+    stream: &EventStream<'_, T>,
+    target: LineTarget,
+    mode: SinkMode,
+) -> SinkHandle {
+    let lines = stream.map(|record| {
+        serde_json::to_string(&record).unwrap_or_else(|e| {
+            // Only types whose Serialize fails (e.g. maps with non-string keys) get here.
+            serde_json::json!({ "error": format!("record not representable as JSON: {e}") }).to_string()
+        })
+    });
+    write_lines(&lines, None, target, mode)
+}

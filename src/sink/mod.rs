@@ -20,7 +20,7 @@ use timely::dataflow::operators::generic::Operator;
 
 pub use collect::{collect, Collected};
 pub use csv::{csv_field, CsvRow};
-pub use lines::{write_lines, LineSink, LineTarget, SinkMode};
+pub use lines::{write_json_lines, write_lines, LineSink, LineTarget, SinkMode};
 
 /// An error writing to a sink: what failed and on which output.
 #[derive(Debug, thiserror::Error)]

@@ -179,7 +179,7 @@ where
             let now = Instant::now();
             while open.len() < concurrent {
                 let Some((index, reader)) = queue.pop_front() else { break };
-                let mut watermark = PartitionWatermark::new(options.watermark, options.idle_timeout);
+                let mut watermark = PartitionWatermark::new(options.watermark.clone(), options.idle_timeout);
                 watermark.touch(now);
                 open.push(Partition { index, reader, watermark, idle: false });
             }

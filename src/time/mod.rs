@@ -10,4 +10,4 @@ mod watermark;
 
 pub use duration::{parse_duration, DurationError, Millis};
 pub use highwater_operators::time::{AllowedLateness, Diff, DurationExt, Timestamp, END_OF_TIME};
-pub use watermark::{PartitionWatermark, WatermarkStrategy};
+pub use watermark::{CustomWatermark, PartitionWatermark, WatermarkStrategy};

@@ -1,6 +1,7 @@
 //! Watermark strategies: how a source partition turns the event times it has
 //! seen into a watermark.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -13,7 +14,7 @@ use super::Timestamp;
 /// leaving out partitions that have been idle (no record) for longer than the
 /// idle timeout. A record whose event time is below its partition's watermark
 /// is *late*.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum WatermarkStrategy {
     /// `max event time seen − bound` (the default, with a 4 s bound as in the
@@ -27,7 +28,46 @@ pub enum WatermarkStrategy {
     /// No watermark until the partition ends: everything waits for the end of
     /// input (useful for bounded inputs in arbitrary order).
     AtEnd,
+    /// A function of the greatest event time seen (`None` before any record),
+    /// e.g. a delay that depends on the time of day. It must not decrease as its
+    /// argument grows: watermarks only advance. Not part of serialized configuration.
+    #[serde(skip)]
+    Custom(CustomWatermark),
 }
+
+/// The function of a [`WatermarkStrategy::Custom`].
+///
+/// ```
+/// use highwater::time::{CustomWatermark, WatermarkStrategy};
+/// // Bounded out-of-orderness, but never ahead of a fixed cut-over time.
+/// let strategy = WatermarkStrategy::Custom(CustomWatermark::new(|max| max.map_or(0, |m| m.saturating_sub(500).min(10_000))));
+/// assert_eq!(strategy.watermark(Some(2_000)), 1_500);
+/// assert_eq!(strategy.watermark(Some(20_000)), 10_000);
+/// ```
+#[derive(Clone)]
+pub struct CustomWatermark(Arc<dyn Fn(Option<Timestamp>) -> Timestamp + Send + Sync>);
+
+impl CustomWatermark {
+    /// Wraps `f`, which maps the greatest event time seen to the watermark.
+    pub fn new(f: impl Fn(Option<Timestamp>) -> Timestamp + Send + Sync + 'static) -> Self {
+        CustomWatermark(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for CustomWatermark {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CustomWatermark(..)")
+    }
+}
+
+/// Two custom strategies are equal when they are the same function.
+impl PartialEq for CustomWatermark {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for CustomWatermark {}
 
 impl Default for WatermarkStrategy {
     fn default() -> Self {
@@ -44,6 +84,7 @@ impl WatermarkStrategy {
     /// The watermark after seeing `max_seen` as the greatest event time.
     pub fn watermark(&self, max_seen: Option<Timestamp>) -> Timestamp {
         match (self, max_seen) {
+            (WatermarkStrategy::Custom(f), max) => (f.0)(max),
             (_, None) | (WatermarkStrategy::AtEnd, _) => 0,
             (WatermarkStrategy::BoundedOutOfOrderness { bound }, Some(max)) => max.saturating_sub(*bound),
             (WatermarkStrategy::Monotonous, Some(max)) => max,

@@ -6,18 +6,13 @@ use std::ops::Bound;
 use std::rc::Rc;
 
 use smallvec::SmallVec;
-use timely::container::CapacityContainerBuilder;
-use timely::dataflow::channels::pact::Exchange;
-use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
-use timely::dataflow::operators::generic::OutputBuilder;
 use timely::dataflow::operators::InputCapability;
 
-use super::{AssignWindows, Window, WindowResult, Windowed};
+use super::{skeleton, AssignWindows, Skeleton, Window, WindowResult, Windowed};
 use crate::aggregate::Aggregate;
 use crate::hold::Hold;
-use crate::key::{route, Data, Key, StateMap};
-use crate::late::{Counter, LateOutput};
-use crate::stream::{EventStream, Update};
+use crate::key::{Data, Key, StateMap};
+use crate::stream::EventStream;
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
 
 /// Per window and key: the accumulator and what was last emitted for it.
@@ -115,20 +110,10 @@ where
     W: AssignWindows<D>,
     A: Aggregate<D>,
 {
-    type ResultBuilder<K, O> = CapacityContainerBuilder<Vec<Update<WindowResult<K, O>>>>;
-
     let key = Rc::new(key);
-    let key_route = Rc::clone(&key);
-    let pact = Exchange::new(move |u: &Update<D>| route(&key_route(&u.0)));
-
-    let mut builder = OperatorBuilder::new(name.to_owned(), stream.scope());
-    let mut input = builder.new_input(stream.inner.clone(), pact);
-    let (results_out, results) = builder.new_output();
-    let (late_out, late) = builder.new_output();
-    let mut results_out = OutputBuilder::<_, ResultBuilder<K, A::Output>>::from(results_out);
-    let mut late_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<D>>>>::from(late_out);
-    let late_count = Counter::new();
-    let counter = late_count.clone();
+    let (Skeleton { builder, mut input, results: mut results_out, late: mut late_out, late_count }, windowed) =
+        skeleton(stream, name, &key);
+    let counter = late_count;
 
     builder.build(move |_initial_capabilities| {
         let mut state = State::<K, A::Acc, A::Output>::new();
@@ -216,8 +201,5 @@ where
         }
     });
 
-    Windowed {
-        results: EventStream::new(results),
-        late: LateOutput { stream: EventStream::new(late), count: late_count },
-    }
+    windowed
 }

@@ -37,13 +37,22 @@ mod count;
 mod global;
 mod session;
 
+use std::rc::Rc;
+
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
+use timely::communication::Pull;
+use timely::container::CapacityContainerBuilder;
+use timely::dataflow::channels::pact::{Exchange, LogPuller};
+use timely::dataflow::channels::Message;
+use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
+use timely::dataflow::operators::generic::{InputHandleCore, OutputBuilder};
 
 use crate::aggregate::Aggregate;
+use crate::key::route;
 use crate::key::{Data, Key};
-use crate::late::LateOutput;
-use crate::stream::EventStream;
+use crate::late::{Counter, LateOutput};
+use crate::stream::{EventStream, Update};
 use crate::time::{AllowedLateness, Timestamp};
 
 pub use count::CountWindows;
@@ -93,6 +102,57 @@ pub struct Windowed<'scope, K: 'static, O: 'static, D: 'static> {
     pub results: EventStream<'scope, WindowResult<K, O>>,
     /// Records that came after their window's allowed lateness.
     pub late: LateOutput<'scope, D>,
+}
+
+/// The input of a window operator: the stream's updates, exchanged by key.
+type KeyedInput<D> =
+    InputHandleCore<Timestamp, Vec<Update<D>>, LogPuller<Box<dyn Pull<Message<Timestamp, Vec<Update<D>>>>>>>;
+
+/// An operator output of updates of `T`.
+type OutputOf<T> = OutputBuilder<Timestamp, CapacityContainerBuilder<Vec<Update<T>>>>;
+
+/// What every window operator is built from: its input, exchanged by key, an
+/// output of results and one of late records, and the late records' counter.
+struct Skeleton<'scope, D: 'static, K: 'static, O: 'static> {
+    builder: OperatorBuilder<'scope, Timestamp>,
+    input: KeyedInput<D>,
+    results: OutputOf<WindowResult<K, O>>,
+    late: OutputOf<D>,
+    late_count: Counter,
+}
+
+/// Builds the skeleton of a window operator named `name` keyed by `key`, and
+/// the [`Windowed`] streams it will produce.
+fn skeleton<'scope, D, K, O, KF>(
+    stream: &EventStream<'scope, D>,
+    name: &str,
+    key: &Rc<KF>,
+) -> (Skeleton<'scope, D, K, O>, Windowed<'scope, K, O, D>)
+where
+    D: Data,
+    K: Key,
+    O: Data,
+    KF: Fn(&D) -> K + 'static,
+{
+    let key = Rc::clone(key);
+    let pact = Exchange::new(move |u: &Update<D>| route(&key(&u.0)));
+    let mut builder = OperatorBuilder::new(name.to_owned(), stream.scope());
+    let input = builder.new_input(stream.inner.clone(), pact);
+    let (results_out, results) = builder.new_output();
+    let (late_out, late) = builder.new_output();
+    let late_count = Counter::new();
+    let windowed = Windowed {
+        results: EventStream::new(results),
+        late: LateOutput { stream: EventStream::new(late), count: late_count.clone() },
+    };
+    let skeleton = Skeleton {
+        builder,
+        input,
+        results: OutputBuilder::from(results_out),
+        late: OutputBuilder::from(late_out),
+        late_count,
+    };
+    (skeleton, windowed)
 }
 
 /// Assigns a record to the time windows it belongs to.

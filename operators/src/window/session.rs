@@ -4,16 +4,10 @@
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use timely::container::CapacityContainerBuilder;
-use timely::dataflow::channels::pact::Exchange;
-use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
-use timely::dataflow::operators::generic::OutputBuilder;
-
-use super::{Window, WindowResult, WindowSpec, Windowed};
+use super::{skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
 use crate::aggregate::Aggregate;
 use crate::hold::Hold;
-use crate::key::{route, Data, Key, StateMap};
-use crate::late::{Counter, LateOutput};
+use crate::key::{Data, Key, StateMap};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
 
@@ -117,18 +111,9 @@ where
     A: Aggregate<D>,
 {
     let key = Rc::new(key);
-    let key_route = Rc::clone(&key);
-    let pact = Exchange::new(move |u: &Update<D>| route(&key_route(&u.0)));
-
-    let mut builder = OperatorBuilder::new(name.to_owned(), stream.scope());
-    let mut input = builder.new_input(stream.inner.clone(), pact);
-    let (results_out, results) = builder.new_output();
-    let (late_out, late) = builder.new_output();
-    let mut results_out =
-        OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<WindowResult<K, A::Output>>>>>::from(results_out);
-    let mut late_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<D>>>>::from(late_out);
-    let late_count = Counter::new();
-    let counter = late_count.clone();
+    let (Skeleton { builder, mut input, results: mut results_out, late: mut late_out, late_count }, windowed) =
+        skeleton(stream, name, &key);
+    let counter = late_count;
     // A session is complete once the watermark passes its (inclusive) end.
     let complete_at = |w: &Window| w.end.saturating_add(1);
 
@@ -275,8 +260,5 @@ where
         }
     });
 
-    Windowed {
-        results: EventStream::new(results),
-        late: LateOutput { stream: EventStream::new(late), count: late_count },
-    }
+    windowed
 }

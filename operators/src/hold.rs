@@ -29,6 +29,15 @@ impl Hold {
         }
     }
 
+    /// Makes sure a capability is held no later than `input`'s time, without
+    /// promising output there: [`settle`](Hold::settle) with a floor keeps it.
+    pub(crate) fn retain(&mut self, input: &InputCapability<Timestamp>) {
+        let time = *input.least().expect("highwater messages travel under a capability");
+        if self.cap.as_ref().is_none_or(|c| *c.time() > time) {
+            self.cap = Some(input.delayed(&time, 0));
+        }
+    }
+
     /// Withdraws one promise at `time`.
     pub(crate) fn remove(&mut self, time: Timestamp) {
         if let Some(n) = self.times.get_mut(&time) {

@@ -208,6 +208,8 @@ struct KeyWindow<Acc, S, O> {
     start: Timestamp,
     /// Whether the window holds records since the last purge.
     filled: bool,
+    /// Whether records came since the last firing.
+    changed: bool,
     emitted: Option<(Window, O)>,
     /// The event-time timer set for this key, if any.
     timer: Option<Timestamp>,
@@ -255,6 +257,7 @@ fn act<K: Key, D, T: Trigger<D>, A: Aggregate<D>>(
         TriggerAction::Purge => (false, true),
     };
     if fire {
+        w.changed = false;
         if let Some((old_window, old)) = w.emitted.take() {
             out.push((WindowResult { window: old_window, key: k.clone(), value: old }, time, -1));
         }
@@ -303,12 +306,15 @@ where
         let mut last_period: u64 = period.map(|p| wall_clock_ms() / p * p).unwrap_or(0);
         let mut out = Vec::new();
         let mut touched: Vec<K> = Vec::new();
+        // The processing-time firing at the end of input has happened.
+        let mut flushed = false;
 
         let new_window = |agg: &A, time| KeyWindow {
             acc: agg.init(),
             trigger: T::State::default(),
             start: time,
             filled: false,
+            changed: false,
             emitted: None,
             timer: None,
         };
@@ -332,6 +338,7 @@ where
                     w.filled = true;
                     w.start = time;
                 }
+                w.changed = true;
                 agg.update(&mut w.acc, &record, 1);
                 let action = trigger.on_record(&mut w.trigger, &record, time);
                 act::<K, D, T, A>(action, &k, w, Window::new(w.start, time + 1), emit_time, &agg, out);
@@ -355,6 +362,10 @@ where
                             } else if time >= processed_upto {
                                 waiting.insert(record.clone(), time, arrived, &mut hold, &cap);
                             } else {
+                                // Late but allowed: added now, out of order. Its window may
+                                // fire later (a timer, the processing-time period), so keep a
+                                // capability; the floor below holds it from then on.
+                                hold.retain(&cap);
                                 add(record.clone(), time, &mut windows, &mut timers, &mut out, &mut touched, arrived);
                             }
                         }
@@ -414,7 +425,8 @@ where
                 let now = wall_clock_ms();
                 let this_period = now / period * period;
                 let ended = watermark == END_OF_TIME;
-                if this_period > last_period || ended {
+                if this_period > last_period || (ended && !flushed) {
+                    flushed = ended;
                     // At the end of input the watermark is the end of time: emit at the held time.
                     let emit = processed_upto
                         .min(hold.least().unwrap_or(processed_upto))
@@ -422,7 +434,8 @@ where
                     let window = Window::new(last_period, this_period.max(last_period + 1));
                     for (k, w) in windows.iter_mut() {
                         let mut action = trigger.on_processing_time(&mut w.trigger, this_period);
-                        if ended && w.filled && action == TriggerAction::Continue {
+                        // The input ends: what changed since the last firing goes out now.
+                        if ended && w.changed && action == TriggerAction::Continue {
                             action = TriggerAction::Fire;
                         }
                         act::<K, D, T, A>(action, k, w, window, emit, &agg, &mut out);

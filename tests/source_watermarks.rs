@@ -109,3 +109,9 @@ fn idle_partition_stops_holding_the_watermark_1w() {
 fn idle_partition_stops_holding_the_watermark_2w() {
     idle_partition_stops_holding_the_watermark(2)
 }
+
+/// A third worker with no partition at all must not hold the idle one back.
+#[test]
+fn idle_partition_stops_holding_the_watermark_3w() {
+    idle_partition_stops_holding_the_watermark(3)
+}

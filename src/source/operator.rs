@@ -1,7 +1,7 @@
 //! The timely operator that reads a [`Source`]: partitions spread over
 //! workers, a watermark per partition, dead letters, credit-based flow control.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,34 +32,57 @@ pub struct SourceOptions {
     pub max_in_flight: usize,
     /// Offsets to start partitions from (by partition index), e.g. on recovery.
     pub start_offsets: Vec<(usize, Offset)>,
-    /// Where the workers of a process publish their watermarks, so that a
-    /// worker whose partitions are all idle follows the others instead of
-    /// holding the watermark back. Shared by cloning: make the options once,
-    /// outside `timely::execute`.
+    /// Where the workers of a process post their watermarks, so that a worker
+    /// whose partitions are all idle follows the others instead of holding the
+    /// watermark back. Shared by cloning: make the options once, outside
+    /// `timely::execute`. Across processes nothing is shared: a process whose
+    /// partitions are all idle holds the watermark at the highest it reached
+    /// until they resume or end.
     pub board: WatermarkBoard,
 }
 
-/// The watermarks of the workers of one process reading one source: `None`
-/// for a worker whose partitions are all idle, the last watermark for one that
-/// is done.
+/// The watermarks of the workers of one process reading one source.
 #[derive(Clone, Debug, Default)]
-pub struct WatermarkBoard(Arc<Mutex<Vec<Option<Timestamp>>>>);
+pub struct WatermarkBoard(Arc<Mutex<Vec<Posted>>>);
+
+/// What a worker posts on the board.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Posted {
+    /// Nothing yet.
+    #[default]
+    Unknown,
+    /// Reading active partitions, at this watermark.
+    Active(Timestamp),
+    /// All partitions idle, or all done; the highest watermark they reached.
+    Resting(Timestamp),
+}
 
 impl WatermarkBoard {
-    /// Publishes worker `index`'s watermark.
-    fn publish(&self, index: usize, watermark: Option<Timestamp>) {
+    fn post(&self, index: usize, posted: Posted) {
         if let Ok(mut board) = self.0.lock() {
             if board.len() <= index {
-                board.resize(index + 1, None);
+                board.resize(index + 1, Posted::Unknown);
             }
-            board[index] = watermark;
+            board[index] = posted;
         }
     }
 
-    /// The least watermark another worker has published (active or done).
-    fn others(&self, index: usize) -> Option<Timestamp> {
-        let board = self.0.lock().ok()?;
-        board.iter().enumerate().filter(|(i, _)| *i != index).filter_map(|(_, w)| *w).min()
+    /// Where a worker whose partitions all rest may take its watermark: the
+    /// least watermark of the workers still reading, or if none is, the
+    /// highest any worker reached. Workers that have not posted (starting, or
+    /// in another process) are not counted.
+    fn resting_target(&self) -> Timestamp {
+        let Ok(board) = self.0.lock() else { return 0 };
+        let mut active = None::<Timestamp>;
+        let mut highest = 0;
+        for posted in board.iter() {
+            match *posted {
+                Posted::Unknown => {}
+                Posted::Active(w) => active = Some(active.map_or(w, |a| a.min(w))),
+                Posted::Resting(w) => highest = highest.max(w),
+            }
+        }
+        active.unwrap_or(highest)
     }
 }
 
@@ -168,7 +191,8 @@ where
         let mut open: Vec<Partition<S::Reader>> = Vec::new();
         let mut updates: Vec<Update<S::Record>> = Vec::new();
         let mut dead_letters = Vec::new();
-        let mut in_flight: VecDeque<(Timestamp, usize)> = VecDeque::new();
+        // Records read, by the time they went out at (partitions' times interleave).
+        let mut in_flight: BTreeMap<Timestamp, usize> = BTreeMap::new();
         let mut outstanding = 0usize;
         let mut paused_since: Option<(Instant, Option<Timestamp>)> = None;
         // The highest watermark any partition of this worker has reached.
@@ -188,12 +212,11 @@ where
             let mut may_read = true;
             if let Some(probe) = probe.as_ref() {
                 let frontier = probe.with_frontier(|f| f.as_option().copied());
-                while let Some(&(t, n)) = in_flight.front() {
-                    if frontier.is_some_and(|f| f <= t) {
+                while let Some(entry) = in_flight.first_entry() {
+                    if frontier.is_some_and(|f| f <= *entry.key()) {
                         break;
                     }
-                    outstanding -= n;
-                    in_flight.pop_front();
+                    outstanding -= entry.remove();
                 }
                 if outstanding >= options.max_in_flight {
                     match paused_since {
@@ -252,10 +275,7 @@ where
                             events.session(&at).give_container(&mut updates);
                             updates.clear();
                             if probe.is_some() {
-                                match in_flight.back_mut() {
-                                    Some((t, count)) if *t == emit_at => *count += n,
-                                    _ => in_flight.push_back((emit_at, n)),
-                                }
+                                *in_flight.entry(emit_at).or_insert(0) += n;
                                 outstanding += n;
                             }
                         }
@@ -279,7 +299,7 @@ where
 
             if open.is_empty() && queue.is_empty() {
                 // Done: idle workers may follow as far as this one got.
-                options.board.publish(index, Some(highest));
+                options.board.post(index, Posted::Resting(highest));
                 cap = None;
                 dead_cap = None;
                 return;
@@ -288,13 +308,15 @@ where
                 highest = highest.max(p.watermark.current());
             }
             let local = open.iter().filter(|p| !p.idle).map(|p| p.watermark.current()).min();
-            options.board.publish(index, local);
-            // All partitions idle: they do not hold the watermark back. It moves to
-            // the highest one this worker's partitions reached (ended ones included)
-            // or the other workers', whichever is higher; records that come later
-            // are judged late against it.
-            let watermark =
-                local.or_else(|| queue.is_empty().then(|| highest.max(options.board.others(index).unwrap_or(0))));
+            options.board.post(index, local.map_or(Posted::Resting(highest), Posted::Active));
+            // All partitions idle: they do not hold the watermark back. It follows
+            // the workers still reading (or, if none is, the highest any reached);
+            // records that come later are judged late against it.
+            let watermark = local.or_else(|| {
+                // Moving this worker's capability only changes how its own later
+                // records are judged: the others keep theirs.
+                queue.is_empty().then(|| highest.max(options.board.resting_target()))
+            });
             if let Some(w) = watermark {
                 if w > *held.time() {
                     held.downgrade(&w);

@@ -392,12 +392,12 @@ where
     fn output(&self, acc: &Self::Acc) -> Option<Vec<D>> {
         match acc {
             ArgMax::Best(best) => best.as_ref().map(|(_, records)| records.clone()),
-            ArgMax::Multiset(groups) => {
-                let (_, group) = groups.last_key_value()?;
+            // The best value with a record present (a retraction may precede its insertion).
+            ArgMax::Multiset(groups) => groups.values().rev().find_map(|group| {
                 let out: Vec<D> =
                     group.iter().flat_map(|(d, r)| std::iter::repeat_n(d.clone(), (*r).max(0) as usize)).collect();
                 (!out.is_empty()).then_some(out)
-            }
+            }),
         }
     }
 }
@@ -724,6 +724,14 @@ mod tests {
         assert_eq!(run(&agg, &[(11, 1), (25, 1), (21, 1), (3, 1)]), Some(vec![25, 21]));
         let agg = MaxBy::append_only(|x: &u64| *x / 10);
         assert_eq!(run(&agg, &[(11, 1), (25, 1), (21, 1), (3, 1)]), Some(vec![25, 21]));
+    }
+
+    #[test]
+    fn max_by_skips_values_only_retracted() {
+        // The retraction of 9 comes before its insertion: 5 is the maximum present.
+        let agg = MaxBy::of(|x: &u64| *x);
+        assert_eq!(run(&agg, &[(5, 1), (9, -1)]), Some(vec![5]));
+        assert_eq!(run(&agg, &[(5, 1), (9, -1), (9, 1)]), Some(vec![5]));
     }
 
     #[test]

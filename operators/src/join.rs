@@ -91,6 +91,9 @@ impl<T> Default for Held<T> {
 
 /// Holds `item` for key `k`: insertions are appended; a retraction cancels an
 /// equal held record (or is held itself, to meet its insertion later).
+///
+/// Records are equal by their data alone: a changelog retracts a record at the
+/// time of the change, not at the time it was inserted.
 fn hold<K: Key, T>(
     side: &mut StateMap<K, Held<T>>,
     due: &mut BTreeMap<Timestamp, Vec<K>>,
@@ -109,6 +112,9 @@ fn hold<K: Key, T>(
             *diff_of(existing) += d;
             if *diff_of(existing) == 0 {
                 held.items.remove(pos);
+                if held.items.is_empty() {
+                    side.remove(&k);
+                }
             }
             return;
         }
@@ -319,8 +325,18 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                                 counter_left.add(1);
                                 continue;
                             }
-                            let (lo, hi) = bounds(&record, time);
                             let k = key_left(&record);
+                            // A retraction takes back the pairs its insertion made: it
+                            // matches as the held record it cancels.
+                            let held_as = (diff < 0)
+                                .then(|| lefts.get(&k))
+                                .flatten()
+                                .and_then(|h| h.items.iter().find(|l| l.record == record && l.diff > 0))
+                                .map(|l| (l.time, l.lo, l.hi));
+                            let (time, lo, hi) = held_as.unwrap_or_else(|| {
+                                let (lo, hi) = bounds(&record, time);
+                                (time, lo, hi)
+                            });
                             if let Some(held) = rights.get(&k) {
                                 for (r, rt, rd) in held.items.iter() {
                                     if lo <= *rt && *rt <= hi {
@@ -330,7 +346,7 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                             }
                             let release_at = lateness.release_at(hi.saturating_add(1));
                             let left = Left { record, time, lo, hi, diff };
-                            let same = |a: &Left<L>, b: &Left<L>| a.record == b.record && a.time == b.time;
+                            let same = |a: &Left<L>, b: &Left<L>| a.record == b.record;
                             hold(&mut lefts, &mut left_due, k, left, release_at, same, |e| &mut e.diff);
                         }
                     }
@@ -347,6 +363,12 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                                 continue;
                             }
                             let k = key_right(&record);
+                            // A retraction matches as the held record it cancels.
+                            let time = (diff < 0)
+                                .then(|| rights.get(&k))
+                                .flatten()
+                                .and_then(|h| h.items.iter().find(|r| r.0 == record && r.2 > 0))
+                                .map_or(time, |r| r.1);
                             if let Some(held) = lefts.get(&k) {
                                 for l in held.items.iter() {
                                     if l.lo <= time && time <= l.hi {
@@ -356,7 +378,7 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                             }
                             let release_at = right_release(time);
                             let right = (record, time, diff);
-                            let same = |a: &(R, Timestamp, Diff), b: &(R, Timestamp, Diff)| a.0 == b.0 && a.1 == b.1;
+                            let same = |a: &(R, Timestamp, Diff), b: &(R, Timestamp, Diff)| a.0 == b.0;
                             hold(&mut rights, &mut right_due, k, right, release_at, same, |e| &mut e.2);
                         }
                     }

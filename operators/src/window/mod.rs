@@ -6,9 +6,11 @@
 //! (the operator's input frontier) passes the window's end, with the window's
 //! last millisecond as its event time. Records that arrive after that, but
 //! within the [`AllowedLateness`], retract the emitted result and emit the
-//! corrected one; records later still go to the [`LateOutput`]. A window's state
-//! is released once the watermark passes `end + allowed lateness`, so memory
-//! stays flat over an unbounded input.
+//! corrected one; records later still go to the [`LateOutput`]. (A sliding
+//! window record too late for some of its windows but not all counts in those
+//! still open, as in Flink, and goes to the late output only when it is too late
+//! for all of them.) A window's state is released once the watermark passes
+//! `end + allowed lateness`, so memory stays flat over an unbounded input.
 //!
 //! # Examples
 //! ```

@@ -20,6 +20,7 @@ use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
 /// one session, `gap + 1` apart are two), so a session is complete, and its
 /// result emitted with event time `end`, when the watermark passes `end`.
 ///
+/// Sessions take insertions only (a retraction could split a session).
 /// A record whose own time the watermark had passed by more than the allowed
 /// lateness goes to the late output; a later one merges into its sessions
 /// (retracting their results) as if it had come on time. A session's state is
@@ -135,6 +136,8 @@ where
                 let mut corrections = results.session(&cap);
                 for batch in data {
                     for (record, time, diff) in batch.drain(..) {
+                        // A retraction could split a session in two; merging cannot undo that.
+                        assert!(diff > 0, "session windows take insertions only (got diff {diff})");
                         let k = key(&record);
                         let state = keys
                             .entry(k.clone())

@@ -9,6 +9,7 @@
 
 #![forbid(missing_docs)]
 
+pub mod cdc;
 pub mod cli;
 pub mod cluster;
 pub mod dead_letter;

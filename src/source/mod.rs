@@ -109,4 +109,11 @@ pub trait PartitionReader: 'static {
     ) -> Result<ReadStatus, SourceError>;
     /// The offset after the last record returned.
     fn offset(&self) -> Offset;
+    /// A lower bound on the event times of records still to come, if the
+    /// partition knows one: a live source that has caught up (e.g. with a
+    /// database's log at its current time) advances its watermark with it even
+    /// when no record arrives, and the partition does not count as idle.
+    fn watermark_hint(&self) -> Option<highwater_operators::Timestamp> {
+        None
+    }
 }

@@ -286,6 +286,13 @@ where
                             session.give_iterator(dead_letters.drain(..).map(|d| (d, emit_at, 1)));
                         }
                     }
+                    if let Some(bound) = partition.reader.watermark_hint() {
+                        if bound > partition.watermark.current() {
+                            partition.watermark.advance_to(bound);
+                            partition.watermark.touch(now);
+                            partition.idle = false;
+                        }
+                    }
                     if status == ReadStatus::End {
                         highest = highest.max(partition.watermark.current());
                         partition.idle = true;

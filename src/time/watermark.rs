@@ -99,12 +99,13 @@ pub struct PartitionWatermark {
     max_seen: Option<Timestamp>,
     last_record: Instant,
     idle_timeout: Option<Duration>,
+    floor: Timestamp,
 }
 
 impl PartitionWatermark {
     /// A partition that has seen nothing yet.
     pub fn new(strategy: WatermarkStrategy, idle_timeout: Option<Duration>) -> Self {
-        PartitionWatermark { strategy, max_seen: None, last_record: Instant::now(), idle_timeout }
+        PartitionWatermark { strategy, max_seen: None, last_record: Instant::now(), idle_timeout, floor: 0 }
     }
 
     /// Takes a record's event time into account.
@@ -115,6 +116,13 @@ impl PartitionWatermark {
         }
     }
 
+    /// Raises the watermark to at least `bound`: the source promises that no
+    /// later record of the partition has an earlier event time (e.g. a change
+    /// stream that has caught up with its database at that time).
+    pub fn advance_to(&mut self, bound: Timestamp) {
+        self.floor = self.floor.max(bound);
+    }
+
     /// Notes that records arrived now (the partition is active).
     pub fn touch(&mut self, now: Instant) {
         self.last_record = now;
@@ -122,7 +130,7 @@ impl PartitionWatermark {
 
     /// The current watermark.
     pub fn current(&self) -> Timestamp {
-        self.strategy.watermark(self.max_seen)
+        self.strategy.watermark(self.max_seen).max(self.floor)
     }
 
     /// Whether the partition has had no record for longer than the idle timeout.

@@ -1,0 +1,1 @@
+//! The Debezium JSON change-event format.

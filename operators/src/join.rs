@@ -8,10 +8,12 @@ use timely::dataflow::channels::pact::Exchange;
 use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
 use timely::dataflow::operators::generic::OutputBuilder;
 
+use crate::aggregate::Collect;
 use crate::key::{route, Data, Key, StateMap};
 use crate::late::{Counter, LateOutput};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
+use crate::window::{WindowResult, WindowSpec};
 
 /// Which right-side event times a left record joins with.
 ///
@@ -400,5 +402,86 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
             late_left: LateOutput { stream: EventStream::new(late_left), count: count_left },
             late_right: LateOutput { stream: EventStream::new(late_right), count: count_right },
         }
+    }
+}
+
+/// A record of one side of a [window join](EventStream::window_join).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Side<A, B> {
+    /// A record of the left stream.
+    Left(A),
+    /// A record of the right stream.
+    Right(B),
+}
+
+/// The outputs of a window join.
+#[derive(Debug)]
+pub struct WindowJoined<'scope, K: 'static, L: 'static, R: 'static> {
+    /// Every pair of a left and a right record with the same key in the same
+    /// window, at the window's last millisecond; late corrections as
+    /// retractions and insertions.
+    pub results: EventStream<'scope, WindowResult<K, (L, R)>>,
+    /// Records that came after their window's allowed lateness.
+    pub late: LateOutput<'scope, Side<L, R>>,
+}
+
+impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
+    /// Joins the records of two streams that have the same key and fall in
+    /// the same window (tumbling, sliding or session, as in Flink's window
+    /// join): each pair is emitted once per window they share when the
+    /// watermark passes the window's end. Sessions are formed by the records
+    /// of both streams together. Late records within `allowed_lateness`
+    /// correct the window's pairs; later ones go to the late output.
+    ///
+    /// # Examples
+    /// ```
+    /// use highwater_operators::prelude::*;
+    /// use timely::dataflow::operators::ToStream;
+    /// use timely::dataflow::operators::capture::{Capture, Extract};
+    ///
+    /// let captured = timely::example(|scope| {
+    ///     // (ad, what) at event times: a view at 1 s and one at 12 s, a click at 4 s.
+    ///     let views = EventStream::new(vec![((1u32, 'v'), 1_000u64, 1i64), ((1, 'w'), 12_000, 1)].to_stream(scope));
+    ///     let clicks = EventStream::new(vec![((1u32, 'c'), 4_000u64, 1i64)].to_stream(scope));
+    ///     views.window_join(&clicks, Tumbling::of(10.secs()), |v| v.0, |c| c.0, 0).results.inner.capture()
+    /// });
+    /// let out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d)
+    ///     .map(|(r, t, d)| (r.window.start, r.value.0 .1, r.value.1 .1, t, d)).collect();
+    /// assert_eq!(out, vec![(0, 'v', 'c', 9_999, 1)]);
+    /// ```
+    pub fn window_join<K, R, W, KL, KR>(
+        &self,
+        other: &EventStream<'scope, R>,
+        windows: W,
+        key_left: KL,
+        key_right: KR,
+        allowed_lateness: u64,
+    ) -> WindowJoined<'scope, K, L, R>
+    where
+        K: Key,
+        R: Data + PartialEq,
+        W: WindowSpec<Side<L, R>>,
+        KL: Fn(&L) -> K + 'static,
+        KR: Fn(&R) -> K + 'static,
+    {
+        let both = self.map(Side::Left).concat(&other.map(Side::Right));
+        let key = move |s: &Side<L, R>| match s {
+            Side::Left(l) => key_left(l),
+            Side::Right(r) => key_right(r),
+        };
+        let windowed =
+            both.window(windows).key_by(key).allowed_lateness(allowed_lateness).named("WindowJoin").aggregate(Collect);
+        let results = windowed.results.flat_map_updates("WindowJoinPairs", |(result, time, diff), out| {
+            let (lefts, rights): (Vec<_>, Vec<_>) = result.value.iter().partition(|s| matches!(s, Side::Left(_)));
+            for l in &lefts {
+                let Side::Left(l) = l else { continue };
+                for r in &rights {
+                    let Side::Right(r) = r else { continue };
+                    let value = (l.clone(), r.clone());
+                    out.push((WindowResult { window: result.window, key: result.key.clone(), value }, time, diff));
+                }
+            }
+        });
+        WindowJoined { results, late: windowed.late }
     }
 }

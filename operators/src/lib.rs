@@ -1,5 +1,5 @@
-//! Event-time dataflow operators for highwater: windows, aggregations and
-//! joins over [`EventStream`]s, built on timely dataflow.
+//! Event-time dataflow operators for highwater: windows, aggregations,
+//! tables and joins over [`EventStream`]s, built on timely dataflow.
 //!
 //! This crate holds operators only: no I/O, no connectors. Streams carry
 //! `(data, event_time, diff)` updates whose timely timestamps are watermarks;
@@ -34,6 +34,7 @@ pub mod join;
 pub mod key;
 pub mod late;
 pub mod stream;
+pub mod table;
 pub mod time;
 pub mod window;
 
@@ -45,9 +46,10 @@ pub use time::{AllowedLateness, Diff, DurationExt, Timestamp, END_OF_TIME};
 /// The names most programs use.
 pub mod prelude {
     pub use crate::aggregate::{Aggregate, Avg, Collect, Count, DistinctCount, Fold, Max, MaxBy, Min, Sum, TopK};
-    pub use crate::join::{between, by_record, Interval, IntervalJoined};
+    pub use crate::join::{between, by_record, Interval, IntervalJoined, Side, WindowJoined};
     pub use crate::late::LateOutput;
     pub use crate::stream::EventStream;
+    pub use crate::table::{AsOfJoined, Table, TableReader, Upserted};
     pub use crate::time::{AllowedLateness, Diff, DurationExt, Timestamp};
     pub use crate::window::{
         windows_by, CountTrigger, CountWindows, EventTimeTrigger, GlobalWindows, ProcessingTimeTrigger, Session,

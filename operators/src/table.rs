@@ -1,0 +1,779 @@
+//! Tables: the current state of a keyed changelog, built from upserts, read
+//! back as a changelog, served to queries by key, and joined.
+//!
+//! A [`Table`] is a changelog of `(key, value)` updates in which every key has
+//! at most one value at every event time: an upsert of a new value retracts
+//! the old one at the upsert's time, a delete retracts the value. Summing the
+//! changelog's updates with times up to `T` gives the table *as of* `T`. The
+//! changelog is what flows; [`Table::as_collection`] and [`Table::arrange`]
+//! give the same table as a differential collection and arrangement, which is
+//! what the table–table joins ([`Table::join`], [`Table::left_join`],
+//! [`Table::full_join`]) are built on.
+//!
+//! Stream–table joins look the table up *as of each event's time*
+//! ([`EventStream::join_as_of`], [`EventStream::left_join_as_of`]), or keep
+//! every result up to date with the table ([`EventStream::join_updating`]).
+//!
+//! # Examples
+//! ```
+//! use highwater_operators::prelude::*;
+//! use timely::dataflow::operators::ToStream;
+//! use timely::dataflow::operators::capture::{Capture, Extract};
+//!
+//! let captured = timely::example(|scope| {
+//!     // User 1 is "gold" from t=0, "silver" from t=50; user 2 joins at t=20 and leaves at t=60.
+//!     let tier = |name: &str| Some(name.to_string());
+//!     let upserts = vec![
+//!         ((1u64, tier("gold")), 0u64, 1i64),
+//!         ((2, tier("new")), 20, 1),
+//!         ((1, tier("silver")), 50, 1),
+//!         ((2, None), 60, 1),
+//!     ];
+//!     let table = EventStream::new(upserts.to_stream(scope)).upsert(0).table;
+//!     let clicks = EventStream::new(vec![(1u64, 10u64, 1i64), (2, 30, 1), (1, 55, 1), (2, 70, 1)].to_stream(scope));
+//!     clicks.left_join_as_of(&table, |user| *user, 0).results.inner.capture()
+//! });
+//! let mut out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).collect();
+//! out.sort();
+//! let tier = |name: &str| Some(name.to_string());
+//! assert_eq!(out, vec![
+//!     ((1, tier("gold")), 10, 1),
+//!     ((1, tier("silver")), 55, 1),
+//!     ((2, None), 70, 1),
+//!     ((2, tier("new")), 30, 1),
+//! ]);
+//! ```
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex, RwLock};
+
+use differential_dataflow::operators::arrange::{Arranged, TraceAgent};
+use differential_dataflow::trace::implementations::ValSpine;
+use differential_dataflow::VecCollection;
+use smallvec::SmallVec;
+use timely::container::CapacityContainerBuilder;
+use timely::dataflow::channels::pact::{Exchange, Pipeline};
+use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
+use timely::dataflow::operators::generic::{Operator, OutputBuilder};
+
+use crate::collection::from_collection;
+use crate::hold::{Hold, Waiting};
+use crate::key::{route, Data, Key, StateMap};
+use crate::late::{Counter, LateOutput};
+use crate::stream::{EventStream, Update};
+use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
+
+/// A table: a changelog of `(key, value)` updates with at most one value per
+/// key at any event time, partitioned over the workers by key.
+///
+/// Make one with [`EventStream::upsert`] (from upserts and deletes) or
+/// [`Table::from_changelog`] (from a changelog that already is one).
+#[derive(Debug)]
+pub struct Table<'scope, K: 'static, V: 'static> {
+    changelog: EventStream<'scope, (K, V)>,
+}
+
+impl<K: Key, V: Data> Clone for Table<'_, K, V> {
+    fn clone(&self) -> Self {
+        Table { changelog: EventStream::new(self.changelog.inner.clone()) }
+    }
+}
+
+/// The outputs of [`EventStream::upsert`].
+#[derive(Debug)]
+pub struct Upserted<'scope, K: 'static, V: 'static> {
+    /// The table.
+    pub table: Table<'scope, K, V>,
+    /// Upserts that came later than the allowed lateness.
+    pub late: LateOutput<'scope, (K, Option<V>)>,
+}
+
+/// The values of one key from each of its upserts' times on, in time order,
+/// and the time a compaction is scheduled for (`Timestamp::MAX`: none).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct History<V> {
+    versions: SmallVec<[(Timestamp, Option<V>); 1]>,
+    scheduled: Timestamp,
+}
+
+impl<V> History<V> {
+    /// The time from which the first version can be forgotten: once no record
+    /// can arrive before `time`, the versions before it are unreachable.
+    fn compact_from(&self) -> Option<Timestamp> {
+        match self.versions.as_slice() {
+            [] => None,
+            [(t, None), ..] => Some(*t),
+            [_, (t, _), ..] => Some(*t),
+            [_] => None,
+        }
+    }
+
+    /// Forgets what no query at or after `horizon` can see; whether the
+    /// history is now empty.
+    fn compact(&mut self, horizon: Timestamp) -> bool {
+        let keep_from = self.versions.partition_point(|(t, _)| *t <= horizon).saturating_sub(1);
+        self.versions.drain(..keep_from);
+        if matches!(self.versions.first(), Some((t, None)) if *t <= horizon) {
+            self.versions.remove(0);
+        }
+        self.versions.is_empty()
+    }
+}
+
+impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
+    /// Builds a table from upserts: `(key, Some(value))` sets the key's value
+    /// from the record's event time on, `(key, None)` deletes it.
+    ///
+    /// Upserts are applied in event-time order whatever order they arrive in
+    /// (of two at the same time, the one that arrives later wins): an upsert
+    /// older than one already applied changes the table only until the newer
+    /// one, and the changelog says so with updates at both times. An upsert
+    /// with a negative diff undoes an equal upsert at the same time. Upserts
+    /// that arrive after their time plus `allowed_lateness` go to the late
+    /// output. A key's history is kept only as far back as a record can still
+    /// arrive, and a deleted key is forgotten, so the state is the table itself.
+    ///
+    /// # Examples
+    /// ```
+    /// use highwater_operators::prelude::*;
+    /// use timely::dataflow::operators::ToStream;
+    /// use timely::dataflow::operators::capture::{Capture, Extract};
+    ///
+    /// let captured = timely::example(|scope| {
+    ///     // The update at 30 arrives before the insert at 10.
+    ///     let upserts = vec![((7u32, Some('b')), 30u64, 1i64), ((7, Some('a')), 10, 1), ((7, None), 40, 1)];
+    ///     EventStream::new(upserts.to_stream(scope)).upsert(0).table.changelog().inner.capture()
+    /// });
+    /// let mut log: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).collect();
+    /// log.sort_by_key(|(kv, t, d)| (*t, *d, *kv));
+    /// // Consolidated: 'a' from 10, 'b' from 30, nothing from 40.
+    /// let mut net = std::collections::BTreeMap::new();
+    /// for (kv, t, d) in log { *net.entry((t, kv)).or_insert(0) += d; }
+    /// net.retain(|_, d| *d != 0);
+    /// assert_eq!(net.into_iter().collect::<Vec<_>>(), vec![
+    ///     ((10, (7, 'a')), 1), ((30, (7, 'a')), -1), ((30, (7, 'b')), 1), ((40, (7, 'b')), -1),
+    /// ]);
+    /// ```
+    pub fn upsert(&self, allowed_lateness: u64) -> Upserted<'scope, K, V> {
+        let lateness = AllowedLateness(allowed_lateness);
+        let pact = Exchange::new(|u: &Update<(K, Option<V>)>| route(&(u.0).0));
+        let mut builder = OperatorBuilder::new("Upsert".to_owned(), self.scope());
+        let mut input = builder.new_input(self.inner.clone(), pact);
+        let (log_out, log) = builder.new_output();
+        let (late_out, late) = builder.new_output();
+        let mut log_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<(K, V)>>>>::from(log_out);
+        let mut late_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<(K, Option<V>)>>>>::from(late_out);
+        let count = Counter::new();
+        let counter = count.clone();
+
+        builder.build(move |_caps| {
+            let mut tables: StateMap<K, History<V>> = StateMap::default();
+            let mut due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
+            move |frontiers| {
+                let mut log = log_out.activate();
+                let mut late = late_out.activate();
+                input.for_each_stamp(|cap, data| {
+                    let arrived = arrival_time(&cap);
+                    let mut session = log.session(&cap);
+                    for batch in data {
+                        for ((k, v), time, diff) in batch.drain(..) {
+                            if lateness.release_at(time.saturating_add(1)) <= arrived {
+                                late.session(&cap).give(((k, v), time, diff));
+                                counter.add(1);
+                                continue;
+                            }
+                            if diff == 0 {
+                                continue;
+                            }
+                            let history = tables
+                                .entry(k.clone())
+                                .or_insert_with(|| History { versions: SmallVec::new(), scheduled: Timestamp::MAX });
+                            let versions = &mut history.versions;
+                            let at = versions.partition_point(|(t, _)| *t <= time);
+                            let exact = at > 0 && versions[at - 1].0 == time;
+                            // The value on [time, next) before and after this upsert.
+                            let (old, new, next) = if diff > 0 {
+                                let old = if exact {
+                                    std::mem::replace(&mut versions[at - 1].1, v.clone())
+                                } else {
+                                    let old = at.checked_sub(1).and_then(|i| versions[i].1.clone());
+                                    versions.insert(at, (time, v.clone()));
+                                    old
+                                };
+                                let next = versions.get(if exact { at } else { at + 1 }).map(|(t, _)| *t);
+                                (old, v, next)
+                            } else if exact && versions[at - 1].1 == v {
+                                versions.remove(at - 1);
+                                let before = (at >= 2).then(|| versions[at - 2].1.clone()).flatten();
+                                (v, before, versions.get(at - 1).map(|(t, _)| *t))
+                            } else {
+                                continue;
+                            };
+                            if old != new {
+                                let mut change = |value: Option<V>, t: Timestamp, d: Diff| {
+                                    if let Some(value) = value {
+                                        session.give(((k.clone(), value), t, d));
+                                    }
+                                };
+                                change(old.clone(), time, -1);
+                                change(new.clone(), time, 1);
+                                if let Some(next) = next {
+                                    change(new, next, -1);
+                                    change(old, next, 1);
+                                }
+                            }
+                            match history.compact_from() {
+                                Some(from) if lateness.release_at(from) < history.scheduled => {
+                                    history.scheduled = lateness.release_at(from);
+                                    due.entry(history.scheduled).or_default().push(k);
+                                }
+                                None if history.versions.is_empty() => {
+                                    tables.remove(&k);
+                                }
+                                _ => {}
+                            }
+                        }
+                    }
+                });
+
+                // Compaction: versions no record can reach any more.
+                let watermark = watermark_of(&frontiers[0]);
+                let horizon = watermark.saturating_sub(lateness.0);
+                while let Some(entry) = due.first_entry() {
+                    if *entry.key() > watermark || watermark == END_OF_TIME {
+                        break;
+                    }
+                    let (time, keys) = entry.remove_entry();
+                    for k in keys {
+                        let Some(history) = tables.get_mut(&k) else { continue };
+                        if history.scheduled != time {
+                            continue;
+                        }
+                        history.scheduled = Timestamp::MAX;
+                        if history.compact(horizon) {
+                            tables.remove(&k);
+                        } else if let Some(from) = history.compact_from() {
+                            history.scheduled = lateness.release_at(from).max(time.saturating_add(1));
+                            due.entry(history.scheduled).or_default().push(k);
+                        }
+                    }
+                }
+            }
+        });
+        Upserted {
+            table: Table { changelog: EventStream::new(log) },
+            late: LateOutput { stream: EventStream::new(late), count },
+        }
+    }
+}
+
+impl<'scope, K: Key, V: Data> Table<'scope, K, V> {
+    /// A table from a changelog that already is one (at most one value per key
+    /// at any time, e.g. the result of a differential `reduce`). The updates
+    /// are moved to the workers that own their keys.
+    pub fn from_changelog(changelog: &EventStream<'scope, (K, V)>) -> Self {
+        Table { changelog: changelog.exchange(|(k, _)| k.clone()) }
+    }
+
+    /// The table as a changelog stream: `+(key, value)` when a value is set,
+    /// `-(key, value)` when it is replaced or deleted, each at its event time.
+    pub fn changelog(&self) -> EventStream<'scope, (K, V)> {
+        self.changelog.clone()
+    }
+}
+
+impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
+    /// The table as a differential collection (see
+    /// [`EventStream::as_collection`] for its times).
+    pub fn as_collection(&self) -> VecCollection<'scope, Timestamp, (K, V), Diff> {
+        self.changelog.as_collection()
+    }
+
+    /// The table as a differential arrangement by key, shareable by any number
+    /// of differential joins and reductions.
+    pub fn arrange(&self) -> Arranged<'scope, TraceAgent<ValSpine<K, V, Timestamp, Diff>>> {
+        self.as_collection().arrange_by_key_named("ArrangeTable")
+    }
+
+    /// Keeps the table's current state in `reader`, where the program can look
+    /// keys up (see [`TableReader`]).
+    pub fn serve(&self, reader: &TableReader<K, V>) {
+        let shard = Arc::new(RwLock::new(Shard { rows: StateMap::default(), watermark: 0 }));
+        let index = self.changelog.scope().index();
+        if let Ok(mut shards) = reader.shards.lock() {
+            shards.insert(index, Arc::clone(&shard));
+        }
+        let mut pending: BTreeMap<Timestamp, Vec<((K, V), Diff)>> = BTreeMap::new();
+        self.changelog.inner.clone().sink(Pipeline, "ServeTable", move |(input, frontier)| {
+            input.for_each_stamp(|_cap, data| {
+                for batch in data {
+                    for (kv, time, diff) in batch.drain(..) {
+                        pending.entry(time).or_default().push((kv, diff));
+                    }
+                }
+            });
+            let watermark = watermark_of(frontier);
+            let Ok(mut shard) = shard.write() else { return };
+            while let Some(entry) = pending.first_entry() {
+                if *entry.key() >= watermark {
+                    break;
+                }
+                for ((k, v), diff) in entry.remove() {
+                    let values = shard.rows.entry(k.clone()).or_default();
+                    match values.iter_mut().position(|(x, _)| *x == v) {
+                        Some(i) => {
+                            values[i].1 += diff;
+                            if values[i].1 == 0 {
+                                values.remove(i);
+                            }
+                        }
+                        None => values.push((v, diff)),
+                    }
+                    if values.is_empty() {
+                        shard.rows.remove(&k);
+                    }
+                }
+            }
+            shard.watermark = watermark;
+        });
+    }
+}
+
+/// One worker's part of a served table.
+#[derive(Debug)]
+struct Shard<K, V> {
+    rows: StateMap<K, SmallVec<[(V, Diff); 1]>>,
+    watermark: Timestamp,
+}
+
+/// The tables' state as the dataflow maintains it, readable from outside the
+/// dataflow by key: the read side of a materialized view.
+///
+/// Make one before `timely::execute`, hand a clone to every worker, and call
+/// [`Table::serve`] in each. Queries see the table as of its watermark (every
+/// change before it applied, none after), so a query's answer is a state the
+/// table really had. Within one process, each worker holds the keys it owns
+/// and [`get`](TableReader::get) asks them all; across processes, each
+/// process serves its own workers' keys.
+///
+/// ```
+/// use highwater_operators::prelude::*;
+/// use highwater_operators::table::TableReader;
+/// use highwater_operators::END_OF_TIME;
+/// use timely::dataflow::operators::ToStream;
+///
+/// let reader = TableReader::new();
+/// let served = reader.clone();
+/// timely::example(move |scope| {
+///     // (user, Some(score)) upserts
+///     let upserts = vec![((1u32, Some(3)), 1u64, 1i64), ((2, Some(5)), 2, 1), ((1, Some(4)), 3, 1)];
+///     EventStream::new(upserts.to_stream(scope)).upsert(0).table.serve(&served);
+/// });
+/// assert_eq!(reader.get(&1), Some(4));
+/// assert_eq!(reader.get(&3), None);
+/// assert_eq!(reader.snapshot(), vec![(1, 4), (2, 5)]);
+/// assert_eq!(reader.watermark(), END_OF_TIME);
+/// ```
+#[derive(Debug)]
+pub struct TableReader<K, V> {
+    shards: Arc<Mutex<BTreeMap<usize, Arc<RwLock<Shard<K, V>>>>>>,
+}
+
+impl<K, V> Clone for TableReader<K, V> {
+    fn clone(&self) -> Self {
+        TableReader { shards: Arc::clone(&self.shards) }
+    }
+}
+
+impl<K, V> Default for TableReader<K, V> {
+    fn default() -> Self {
+        TableReader { shards: Arc::default() }
+    }
+}
+
+impl<K: Key, V: Data> TableReader<K, V> {
+    /// A reader no table serves yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn shards(&self) -> Vec<Arc<RwLock<Shard<K, V>>>> {
+        self.shards.lock().map(|s| s.values().cloned().collect()).unwrap_or_default()
+    }
+
+    /// The value of `key`, if the table has one.
+    pub fn get(&self, key: &K) -> Option<V> {
+        self.shards().iter().find_map(|shard| {
+            let shard = shard.read().ok()?;
+            shard.rows.get(key).and_then(|values| values.iter().find(|(_, d)| *d > 0).map(|(v, _)| v.clone()))
+        })
+    }
+
+    /// Every row, sorted by key.
+    pub fn snapshot(&self) -> Vec<(K, V)> {
+        let mut rows: Vec<(K, V)> = Vec::new();
+        for shard in self.shards() {
+            if let Ok(shard) = shard.read() {
+                for (k, values) in shard.rows.iter() {
+                    if let Some((v, _)) = values.iter().find(|(_, d)| *d > 0) {
+                        rows.push((k.clone(), v.clone()));
+                    }
+                }
+            }
+        }
+        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        rows
+    }
+
+    /// How many keys have a value.
+    pub fn len(&self) -> usize {
+        self.shards().iter().filter_map(|s| s.read().ok().map(|s| s.rows.len())).sum()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The watermark the answers are as of: the least over the serving
+    /// workers ([`END_OF_TIME`] once the table's input is complete; 0 before
+    /// any worker serves).
+    pub fn watermark(&self) -> Timestamp {
+        let shards = self.shards();
+        if shards.is_empty() {
+            return 0;
+        }
+        shards.iter().filter_map(|s| s.read().ok().map(|s| s.watermark)).min().unwrap_or(0)
+    }
+}
+
+/// The versions of one key's value that a temporal join can still be asked
+/// for: everything up to the horizon summed in `base`, later changes by time.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Versioned<V> {
+    base: SmallVec<[(V, Diff); 1]>,
+    changes: Vec<(Timestamp, V, Diff)>,
+}
+
+impl<V: PartialEq> Versioned<V> {
+    fn bump(acc: &mut SmallVec<[(V, Diff); 1]>, value: V, diff: Diff) {
+        match acc.iter_mut().position(|(x, _)| *x == value) {
+            Some(i) => {
+                acc[i].1 += diff;
+                if acc[i].1 == 0 {
+                    acc.remove(i);
+                }
+            }
+            None => acc.push((value, diff)),
+        }
+    }
+
+    /// The value as of `time`: the one whose updates up to `time` sum to a
+    /// positive count.
+    fn as_of(&self, time: Timestamp) -> Option<&V> {
+        if self.changes.is_empty() || self.changes[0].0 > time {
+            return self.base.iter().find(|(_, d)| *d > 0).map(|(v, _)| v);
+        }
+        let mut counts: SmallVec<[(&V, Diff); 4]> = self.base.iter().map(|(v, d)| (v, *d)).collect();
+        for (_, v, d) in self.changes.iter().take_while(|(t, _, _)| *t <= time) {
+            match counts.iter_mut().find(|(x, _)| *x == v) {
+                Some(c) => c.1 += d,
+                None => counts.push((v, *d)),
+            }
+        }
+        counts.into_iter().rev().find(|(_, d)| *d > 0).map(|(v, _)| v)
+    }
+
+    /// Sums the changes up to `horizon` into the base; whether nothing is left.
+    fn compact(&mut self, horizon: Timestamp) -> bool {
+        let n = self.changes.partition_point(|(t, _, _)| *t <= horizon);
+        for (_, v, d) in self.changes.drain(..n) {
+            Self::bump(&mut self.base, v, d);
+        }
+        self.base.is_empty() && self.changes.is_empty()
+    }
+}
+
+/// The outputs of a temporal (as-of) stream–table join.
+#[derive(Debug)]
+pub struct AsOfJoined<'scope, O: 'static, D: 'static> {
+    /// Each event with the table's value for its key as of the event's time.
+    pub results: EventStream<'scope, O>,
+    /// Events that came later than the allowed lateness.
+    pub late: LateOutput<'scope, D>,
+}
+
+impl<'scope, D: Data> EventStream<'scope, D> {
+    /// Enriches each event with the table's value for its key *as of the
+    /// event's time* (an event-time temporal join, as in Flink's `FOR
+    /// SYSTEM_TIME AS OF`); events without a value are dropped.
+    ///
+    /// An event waits until the table's watermark passes its time, so that
+    /// every table change up to it has arrived, whatever the order in which
+    /// table and stream records arrive. Results are final: a table change that
+    /// arrives later (within its own lateness) affects only events joined after
+    /// it (use [`join_updating`](Self::join_updating) for results that follow
+    /// the table). Events that arrive after their time plus `allowed_lateness`
+    /// go to the late output. The table's versions are kept only as far back
+    /// as an event can still arrive.
+    ///
+    /// See the [module example](crate::table).
+    pub fn join_as_of<K, V, KF>(
+        &self,
+        table: &Table<'scope, K, V>,
+        key: KF,
+        allowed_lateness: u64,
+    ) -> AsOfJoined<'scope, (D, V), D>
+    where
+        K: Key,
+        V: Data + PartialEq,
+        KF: Fn(&D) -> K + 'static,
+    {
+        self.as_of_core("JoinAsOf", table, key, allowed_lateness, |d, v| v.map(|v| (d, v.clone())))
+    }
+
+    /// [`join_as_of`](Self::join_as_of), keeping events without a value (with `None`).
+    pub fn left_join_as_of<K, V, KF>(
+        &self,
+        table: &Table<'scope, K, V>,
+        key: KF,
+        allowed_lateness: u64,
+    ) -> AsOfJoined<'scope, (D, Option<V>), D>
+    where
+        K: Key,
+        V: Data + PartialEq,
+        KF: Fn(&D) -> K + 'static,
+    {
+        self.as_of_core("LeftJoinAsOf", table, key, allowed_lateness, |d, v| Some((d, v.cloned())))
+    }
+
+    fn as_of_core<K, V, KF, O, F>(
+        &self,
+        name: &str,
+        table: &Table<'scope, K, V>,
+        key: KF,
+        allowed_lateness: u64,
+        output: F,
+    ) -> AsOfJoined<'scope, O, D>
+    where
+        K: Key,
+        V: Data + PartialEq,
+        O: Data,
+        KF: Fn(&D) -> K + 'static,
+        F: Fn(D, Option<&V>) -> Option<O> + 'static,
+    {
+        let lateness = AllowedLateness(allowed_lateness);
+        let key = Rc::new(key);
+        let route_key = Rc::clone(&key);
+        let pact_table = Exchange::new(|u: &Update<(K, V)>| route(&(u.0).0));
+        let pact_stream = Exchange::new(move |u: &Update<D>| route(&route_key(&u.0)));
+        let mut builder = OperatorBuilder::new(name.to_owned(), self.scope());
+        let mut table_in = builder.new_input(table.changelog.inner.clone(), pact_table);
+        let mut stream_in = builder.new_input(self.inner.clone(), pact_stream);
+        let (results_out, results) = builder.new_output();
+        let (late_out, late) = builder.new_output();
+        let mut results_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<O>>>>::from(results_out);
+        let mut late_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<D>>>>::from(late_out);
+        let count = Counter::new();
+        let counter = count.clone();
+
+        builder.build(move |_caps| {
+            let mut versions: StateMap<K, Versioned<V>> = StateMap::default();
+            let mut due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
+            let mut waiting: Waiting<(D, Diff)> = Waiting::default();
+            let mut hold = Hold::default();
+            let mut horizon: Timestamp = 0;
+            move |frontiers| {
+                let mut results = results_out.activate();
+                let mut late = late_out.activate();
+                table_in.for_each_stamp(|_cap, data| {
+                    for batch in data {
+                        for ((k, v), time, diff) in batch.drain(..) {
+                            let entry = versions
+                                .entry(k.clone())
+                                .or_insert_with(|| Versioned { base: SmallVec::new(), changes: Vec::new() });
+                            if time <= horizon {
+                                Versioned::bump(&mut entry.base, v, diff);
+                                if entry.base.is_empty() && entry.changes.is_empty() {
+                                    versions.remove(&k);
+                                }
+                            } else {
+                                let at = entry.changes.partition_point(|(t, _, _)| *t <= time);
+                                entry.changes.insert(at, (time, v, diff));
+                                due.entry(time).or_default().push(k);
+                            }
+                        }
+                    }
+                });
+                let table_watermark = watermark_of(&frontiers[0]);
+
+                stream_in.for_each_stamp(|cap, data| {
+                    let arrived = arrival_time(&cap);
+                    let mut session = results.session(&cap);
+                    for batch in data {
+                        for (record, time, diff) in batch.drain(..) {
+                            if lateness.release_at(time.saturating_add(1)) <= arrived {
+                                late.session(&cap).give((record, time, diff));
+                                counter.add(1);
+                            } else if time < table_watermark {
+                                let value = versions.get(&key(&record)).and_then(|v| v.as_of(time));
+                                if let Some(out) = output(record, value) {
+                                    session.give((out, time, diff));
+                                }
+                            } else {
+                                waiting.insert((record, diff), time, arrived, &mut hold, &cap);
+                            }
+                        }
+                    }
+                });
+
+                while let Some((time, records, emit_at)) = waiting.pop_before(table_watermark, &mut hold) {
+                    let cap = hold.at(emit_at);
+                    let mut session = results.session(&cap);
+                    for (record, diff) in records {
+                        let value = versions.get(&key(&record)).and_then(|v| v.as_of(time));
+                        if let Some(out) = output(record, value) {
+                            session.give((out, time, diff));
+                        }
+                    }
+                }
+                hold.settle(None);
+
+                // Versions before the earliest time an event can still ask for.
+                let stream_watermark = watermark_of(&frontiers[1]);
+                let reachable = stream_watermark.saturating_sub(lateness.0);
+                let next = waiting.first_time().map_or(reachable, |t| t.min(reachable));
+                if next > horizon && stream_watermark < END_OF_TIME {
+                    horizon = next.saturating_sub(1);
+                    while let Some(entry) = due.first_entry() {
+                        if *entry.key() > horizon {
+                            break;
+                        }
+                        for k in entry.remove() {
+                            if versions.get_mut(&k).is_some_and(|v| v.compact(horizon)) {
+                                versions.remove(&k);
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        AsOfJoined { results: EventStream::new(results), late: LateOutput { stream: EventStream::new(late), count } }
+    }
+
+    /// Joins each event with the table's *current* value for its key, keeping
+    /// the results up to date: when the table's value changes, the results of
+    /// every earlier event with that key are retracted and re-emitted with the
+    /// new value (a differential join of the events with the table, as in
+    /// Materialize or a Flink regular join). Every event is kept for ever.
+    ///
+    /// # Examples
+    /// ```
+    /// use highwater_operators::prelude::*;
+    /// use timely::dataflow::operators::ToStream;
+    /// use timely::dataflow::operators::capture::{Capture, Extract};
+    ///
+    /// let captured = timely::example(|scope| {
+    ///     // The price of product 7 is 3 from t=0 and 4 from t=20; an order comes at t=10.
+    ///     let prices = vec![((7u32, Some(3)), 0u64, 1i64), ((7, Some(4)), 20, 1)];
+    ///     let table = EventStream::new(prices.to_stream(scope)).upsert(0).table;
+    ///     let orders = EventStream::new(vec![(7u32, 10u64, 1i64)].to_stream(scope));
+    ///     orders.join_updating(&table, |product| *product).inner.capture()
+    /// });
+    /// let mut out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).collect();
+    /// out.sort_by_key(|(d, t, r)| (*t, *r, *d));
+    /// assert_eq!(out, vec![((7, 3), 10, 1), ((7, 3), 20, -1), ((7, 4), 20, 1)]);
+    /// ```
+    pub fn join_updating<K, V, KF>(&self, table: &Table<'scope, K, V>, key: KF) -> EventStream<'scope, (D, V)>
+    where
+        D: Ord,
+        K: Key,
+        V: Data + Ord,
+        KF: Fn(&D) -> K + 'static,
+    {
+        let keyed = self.map(move |d| (key(&d), d)).as_collection();
+        let joined = keyed.join_map(table.as_collection(), |_k, d, v| (d.clone(), v.clone()));
+        from_collection(&joined)
+    }
+}
+
+impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
+    /// Inner join with a table on a key computed from this table's rows (a
+    /// foreign key into `other`, or the same key), incrementally maintained by
+    /// differential dataflow: a change on either side yields exactly the
+    /// retractions and insertions of the affected result rows.
+    ///
+    /// # Examples
+    /// ```
+    /// use highwater_operators::prelude::*;
+    /// use timely::dataflow::operators::ToStream;
+    /// use timely::dataflow::operators::capture::{Capture, Extract};
+    ///
+    /// let captured = timely::example(|scope| {
+    ///     // order -> customer, customer -> name
+    ///     let orders = vec![((1u32, Some(10u32)), 5u64, 1i64), ((2, Some(11)), 6, 1)];
+    ///     let customers = vec![((10u32, Some('a')), 1u64, 1i64), ((10, Some('b')), 8, 1)];
+    ///     let orders = EventStream::new(orders.to_stream(scope)).upsert(0).table;
+    ///     let customers = EventStream::new(customers.to_stream(scope)).upsert(0).table;
+    ///     orders.join(&customers, |_order, customer| *customer).inner.capture()
+    /// });
+    /// let mut out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).collect();
+    /// out.sort_by_key(|(d, t, r)| (*t, *r, *d));
+    /// assert_eq!(out, vec![
+    ///     (((1, 10), (10, 'a')), 5, 1),
+    ///     (((1, 10), (10, 'a')), 8, -1),
+    ///     (((1, 10), (10, 'b')), 8, 1),
+    /// ]);
+    /// ```
+    pub fn join<J, W, F>(&self, other: &Table<'scope, J, W>, on: F) -> EventStream<'scope, ((K, V), (J, W))>
+    where
+        J: Key,
+        W: Data + Ord,
+        F: Fn(&K, &V) -> J + 'static,
+    {
+        let left = self.as_collection().map(move |(k, v)| (on(&k, &v), (k, v)));
+        let joined = left.join_map(other.as_collection(), |j, kv, w| (kv.clone(), (j.clone(), w.clone())));
+        from_collection(&joined)
+    }
+
+    /// Left outer join: [`join`](Self::join), plus every row of this table
+    /// that matches no row of `other`, with `None`.
+    pub fn left_join<J, W, F>(
+        &self,
+        other: &Table<'scope, J, W>,
+        on: F,
+    ) -> EventStream<'scope, ((K, V), Option<(J, W)>)>
+    where
+        J: Key,
+        W: Data + Ord,
+        F: Fn(&K, &V) -> J + 'static,
+    {
+        let left = self.as_collection().map(move |(k, v)| (on(&k, &v), (k, v)));
+        let right = other.as_collection();
+        let matched = left.clone().join_map(right.clone(), |j, kv, w| (kv.clone(), Some((j.clone(), w.clone()))));
+        let unmatched = left.antijoin(right.map(|(j, _)| j)).map(|(_, kv)| (kv, None));
+        from_collection(&matched.concat(unmatched))
+    }
+
+    /// Full outer join: [`left_join`](Self::left_join), plus every row of
+    /// `other` that no row of this table matches, with `None` on the left.
+    pub fn full_join<J, W, F>(
+        &self,
+        other: &Table<'scope, J, W>,
+        on: F,
+    ) -> EventStream<'scope, (Option<(K, V)>, Option<(J, W)>)>
+    where
+        J: Key,
+        W: Data + Ord,
+        F: Fn(&K, &V) -> J + 'static,
+    {
+        let left = self.as_collection().map(move |(k, v)| (on(&k, &v), (k, v)));
+        let right = other.as_collection();
+        let matched = left.clone().join_map(right.clone(), |j, kv, w| (Some(kv.clone()), Some((j.clone(), w.clone()))));
+        let referenced = left.clone().map(|(j, _)| j).distinct_core::<Diff>();
+        let left_only = left.antijoin(right.clone().map(|(j, _)| j)).map(|(_, kv)| (Some(kv), None));
+        let right_only = right.antijoin(referenced).map(|jw| (None, Some(jw)));
+        from_collection(&matched.concat(left_only).concat(right_only))
+    }
+}

@@ -71,7 +71,8 @@ pub enum Value {
 }
 
 impl Value {
-    /// The value as JSON: numbers, strings, booleans and null; bytes as an
+    /// The value as JSON: numbers, strings, booleans and null; exact decimals
+    /// as strings (a JSON number would lose their scale); bytes as an
     /// array of numbers, dates and times as numbers (as stored), JSON
     /// documents parsed (or as a string if they do not parse).
     pub fn to_json(&self) -> serde_json::Value {
@@ -81,8 +82,7 @@ impl Value {
             Value::Bool(b) => J::Bool(*b),
             Value::Int(i) => J::from(*i),
             Value::Float(f) => serde_json::Number::from_f64(f.0).map_or(J::Null, J::Number),
-            Value::Numeric(s) => s.parse::<serde_json::Number>().map_or_else(|_| J::String(s.clone()), J::Number),
-            Value::Text(s) | Value::Uuid(s) => J::String(s.clone()),
+            Value::Text(s) | Value::Uuid(s) | Value::Numeric(s) => J::String(s.clone()),
             Value::Bytes(b) => J::Array(b.iter().map(|x| J::from(*x)).collect()),
             Value::Date(d) => J::from(*d),
             Value::Timestamp(t) | Value::TimestampTz(t) | Value::Time(t) => J::from(*t),

@@ -15,6 +15,14 @@ pub trait Decode: Send + Sync + 'static {
     type Record;
     /// Decodes one record.
     fn decode(&self, bytes: &[u8]) -> Result<Self::Record, DecodeError>;
+
+    /// Decodes one raw record into any number of records (by default exactly
+    /// one, with [`decode`](Decode::decode)): a format may carry raw records
+    /// that stand for nothing, such as a changelog's tombstones.
+    fn decode_into(&self, bytes: &[u8], out: &mut dyn FnMut(Self::Record)) -> Result<(), DecodeError> {
+        out(self.decode(bytes)?);
+        Ok(())
+    }
 }
 
 /// Decodes one JSON value per record with serde.

@@ -314,9 +314,8 @@ impl<Dec: Decode> PartitionReader for JsonLinesReader<Dec> {
                 bytes = head;
             }
             if !bytes.is_empty() {
-                match self.decoder.decode(bytes) {
-                    Ok(record) => out(record),
-                    Err(e) => dead.push(DeadLetter::new(self.origin.clone(), line_start, e.0, bytes)),
+                if let Err(e) = self.decoder.decode_into(bytes, out) {
+                    dead.push(DeadLetter::new(self.origin.clone(), line_start, e.0, bytes));
                 }
                 taken += 1;
             }

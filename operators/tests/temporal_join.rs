@@ -66,7 +66,9 @@ fn run(
         while worker.step() {}
         captured
     });
-    fn log<D: Ord + 'static>(captured: std::sync::mpsc::Receiver<timely::dataflow::operators::capture::Event<u64, Vec<(D, u64, i64)>>>) -> BTreeMap<(D, u64), i64> {
+    fn log<D: Ord + 'static>(
+        captured: std::sync::mpsc::Receiver<timely::dataflow::operators::capture::Event<u64, Vec<(D, u64, i64)>>>,
+    ) -> BTreeMap<(D, u64), i64> {
         let mut out = BTreeMap::new();
         for (d, t, r) in captured.extract().into_iter().flat_map(|(_, batch)| batch) {
             *out.entry((d, t)).or_insert(0) += r;

@@ -1,0 +1,118 @@
+//! Ad clicks attributed to their impressions and enriched with the user's
+//! profile *as it was when the click happened*.
+//!
+//! Three JSON Lines inputs: impressions and clicks (`{"ad", "user", "time"}`)
+//! and profile updates (`{"user", "profile": {"tier", "country"} or null to
+//! delete, "time"}`). A click counts if it comes within 10 minutes after an
+//! impression of the same ad to the same user (an interval join); each such
+//! click is then joined with the profile table as of the click's event time (a
+//! temporal left join), so ann's clicks before her upgrade to `gold` are
+//! attributed to `free`, and bob's click after his profile was deleted has
+//! none, whatever order the files are read in. Inputs may be out of order by up
+//! to 5 minutes.
+//!
+//! ```text
+//! cargo run --release --example enrich_clicks -- \
+//!     examples/data/impressions.jsonl examples/data/ad_clicks.jsonl examples/data/profiles.jsonl
+//! ```
+//!
+//! prints (in some order; add `-w 2` for two workers):
+//!
+//! ```text
+//! ann clicked shoes at 1700000090000, 90 s after the impression: free FR
+//! ann clicked hats at 1700000130000, 30 s after the impression: free FR
+//! cid clicked hats at 1700000260000, 60 s after the impression: free US
+//! ann clicked shoes at 1700001020000, 20 s after the impression: gold FR
+//! bob clicked bags at 1700001230000, 30 s after the impression: no profile
+//! ```
+//!
+//! (bob's shoes click came 14.5 minutes after the impression: not attributed.)
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use highwater::prelude::*;
+use timely::dataflow::operators::Inspect;
+
+/// An ad shown to a user, or clicked by them.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+struct AdEvent {
+    ad: String,
+    user: String,
+    time: u64,
+}
+
+/// What the profile service knows about a user.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+struct Profile {
+    tier: String,
+    country: String,
+}
+
+/// A change of a user's profile (`None` deletes it).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct ProfileUpdate {
+    user: String,
+    profile: Option<Profile>,
+    time: u64,
+}
+
+fn options(name: &str) -> SourceOptions {
+    SourceOptions { name: name.to_owned(), watermark: WatermarkStrategy::bounded(5.minutes()), ..Default::default() }
+}
+
+fn main() -> anyhow::Result<()> {
+    let usage = "usage: enrich_clicks IMPRESSIONS.jsonl CLICKS.jsonl PROFILES.jsonl [timely args]";
+    let mut args = std::env::args().skip(1);
+    let (impressions, clicks, profiles) = (
+        args.next().context(usage)?,
+        args.next().context(usage)?,
+        args.next().context(usage)?,
+    );
+    let config = highwater::cluster::config_from_args(&args.collect::<Vec<_>>())?;
+    let impressions = Arc::new(JsonLines::files(&[&impressions], JsonDecoder::<AdEvent>::new())?);
+    let clicks = Arc::new(JsonLines::files(&[&clicks], JsonDecoder::<AdEvent>::new())?);
+    let profiles = Arc::new(JsonLines::files(&[&profiles], JsonDecoder::<ProfileUpdate>::new())?);
+
+    timely::execute(config, move |worker| {
+        let (impressions, clicks, profiles) = (Arc::clone(&impressions), Arc::clone(&clicks), Arc::clone(&profiles));
+        worker.dataflow(|scope| {
+            let metrics = SourceMetrics::default();
+            let time = |e: &AdEvent| e.time;
+            let impressions = read(scope, impressions, time, options("impressions"), &metrics, None).expect("opened");
+            let clicks = read(scope, clicks, time, options("clicks"), &metrics, None).expect("opened");
+            let profiles = read(scope, profiles, |p: &ProfileUpdate| p.time, options("profiles"), &metrics, None)
+                .expect("opened");
+
+            // The profile table: upserts by user, deletes as `None`.
+            let table = profiles.events.map(|p| (p.user, p.profile)).upsert(0).table;
+
+            // Clicks within 10 minutes after an impression of the same ad to the same user.
+            let key = |e: &AdEvent| (e.ad.clone(), e.user.clone());
+            let attributed = impressions.events.interval_join(
+                &clicks.events,
+                key,
+                key,
+                between(0, 10.minutes() as i64),
+                0,
+                |impression, click| (impression.clone(), click.clone()),
+            );
+
+            // Each attributed click with the profile as of the click's time.
+            let enriched = attributed.results.left_join_as_of(&table, |(_, click)| click.user.clone(), 0);
+            enriched.results.inner.inspect(|(((impression, click), profile), _time, _diff)| {
+                let who = profile.as_ref().map_or("no profile".to_owned(), |p| format!("{} {}", p.tier, p.country));
+                let after = (click.time - impression.time) / 1_000;
+                println!("{} clicked {} at {}, {after} s after the impression: {who}", click.user, click.ad, click.time);
+            });
+            for late in [&attributed.late_left.stream, &attributed.late_right.stream] {
+                late.inspect(|(e, _, _)| println!("late: {e:?}"));
+            }
+            for dead in [&impressions.dead_letters, &clicks.dead_letters, &profiles.dead_letters] {
+                dead.inspect(|(d, _, _)| println!("dead letter: {d}"));
+            }
+        });
+    })
+    .map_err(anyhow::Error::msg)?;
+    Ok(())
+}

@@ -13,6 +13,23 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
     rustup component add rustfmt clippy
 fi
 
+# PostgreSQL server binaries for the CDC tests, which start throwaway clusters
+# of their own (no system service is started here).
+if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+    log "installing PostgreSQL (for the CDC tests)"
+    export DEBIAN_FRONTEND=noninteractive
+    # The package would start its default cluster as a service: forbid that.
+    policy_added=
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod +x /usr/sbin/policy-rc.d
+        policy_added=1
+    fi
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends postgresql
+    if [ -n "$policy_added" ]; then rm -f /usr/sbin/policy-rc.d; fi
+fi
+
 log "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -13,6 +13,7 @@
 //! PostgreSQL logical decoding ([`postgres`]).
 
 pub mod debezium;
+pub mod postgres;
 mod value;
 
 use std::sync::Arc;

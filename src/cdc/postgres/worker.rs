@@ -1,0 +1,429 @@
+//! The background thread of a reader: connects, sets up, takes the snapshot,
+//! polls the slot, and reconnects with backoff when the server goes away.
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::SyncSender;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use postgres::fallible_iterator::FallibleIterator;
+use postgres::{Client, NoTls, SimpleQueryMessage};
+
+use super::catalog::{self, quote_ident};
+use super::changes::{decode_value, Decoder, TableInfo, Transaction};
+use super::error::Failure;
+use super::lsn::{format_lsn, parse_lsn};
+use super::snapshot::{SnapshotFilter, XidSnapshot};
+use super::source::{Msg, Shared, Stats};
+use super::PostgresConfig;
+use crate::cdc::{Change, Op, Row};
+use crate::dead_letter::DeadLetter;
+use crate::source::SourceError;
+
+/// Session settings that fix the text form of values (see `types.rs`).
+const SESSION_SETUP: &str = "SET DateStyle = 'ISO, YMD'; SET TimeZone = 'UTC'; SET extra_float_digits = 3; \
+                             SET bytea_output = 'hex'; SET IntervalStyle = 'postgres'; \
+                             SET application_name = 'highwater-cdc'";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Nothing set up yet.
+    Start,
+    /// The snapshot is being sent: a failure now cannot be resumed.
+    Snapshot,
+    /// Streaming from the slot.
+    Stream,
+}
+
+/// The state of the background thread; it survives reconnections.
+pub(crate) struct Worker {
+    config: Arc<PostgresConfig>,
+    shared: Arc<Shared>,
+    stats: Arc<Stats>,
+    tx: SyncSender<Msg>,
+    from: Option<u64>,
+    phase: Phase,
+    /// The commit LSN of the last transaction sent to the reader.
+    last_sent: u64,
+    /// The end LSN of the last transaction sent.
+    last_sent_end: u64,
+    /// Where the slot was last advanced to.
+    advanced: u64,
+    filter: Option<SnapshotFilter>,
+    decoder: Decoder,
+    origin: String,
+}
+
+/// How a session ended without failure.
+enum Ended {
+    /// The reader is gone or the source stopped.
+    Stopped,
+}
+
+fn add_elapsed(counter: &AtomicU64, since: Instant) {
+    counter.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+}
+
+impl Worker {
+    pub(crate) fn new(
+        config: Arc<PostgresConfig>,
+        shared: Arc<Shared>,
+        stats: Arc<Stats>,
+        tx: SyncSender<Msg>,
+        from: Option<u64>,
+    ) -> Self {
+        let origin = format!("postgres:{}", config.slot);
+        Worker {
+            decoder: Decoder::new(&[], origin.clone()),
+            config,
+            shared,
+            stats,
+            tx,
+            from,
+            phase: Phase::Start,
+            last_sent: from.unwrap_or(0),
+            last_sent_end: 0,
+            advanced: 0,
+            filter: None,
+            origin,
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.shared.stop.load(Ordering::SeqCst)
+    }
+
+    /// Sleeps up to `duration`, waking early when stopped; returns whether stopped.
+    fn sleep(&self, duration: Duration) -> bool {
+        let until = Instant::now() + duration;
+        while !self.stopped() {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(20)));
+        }
+        true
+    }
+
+    /// Sends to the reader; `Err` if it is gone.
+    fn send(&self, msg: Msg) -> Result<(), Ended> {
+        let started = Instant::now();
+        let sent = self.tx.send(msg).map_err(|_| Ended::Stopped);
+        add_elapsed(&self.stats.handoff_nanos, started);
+        sent
+    }
+
+    /// Runs until stopped or a fatal error.
+    pub(crate) fn run(mut self) {
+        let min_backoff = Duration::from_millis(100);
+        let max_backoff = Duration::from_millis(self.config.max_backoff.0).max(min_backoff);
+        let mut backoff = min_backoff;
+        let mut attempts = 0u64;
+        loop {
+            if self.stopped() {
+                return;
+            }
+            if attempts > 0 {
+                self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+            }
+            attempts += 1;
+            let mut connected = false;
+            match self.session(&mut connected) {
+                Ok(Ended::Stopped) => return,
+                Err(Failure::Fatal(e)) => {
+                    tracing::error!(slot = %self.config.slot, "postgres source stops: {e}");
+                    let _ = self.tx.send(Msg::Fatal(e));
+                    return;
+                }
+                Err(Failure::Retry(e)) if self.phase == Phase::Snapshot => {
+                    let e = SourceError::Config(format!(
+                        "postgres source: the connection was lost during the initial snapshot ({e}); \
+                         start again without offset to take a new snapshot"
+                    ));
+                    tracing::error!(slot = %self.config.slot, "{e}");
+                    let _ = self.tx.send(Msg::Fatal(e));
+                    return;
+                }
+                Err(Failure::Retry(e)) => {
+                    if connected {
+                        backoff = min_backoff;
+                    }
+                    tracing::warn!(slot = %self.config.slot, "postgres source: {e}; reconnecting in {backoff:?}");
+                    if self.sleep(backoff) {
+                        return;
+                    }
+                    backoff = (backoff * 2).min(max_backoff);
+                }
+            }
+        }
+    }
+
+    fn connect(&self) -> Result<Client, Failure> {
+        let mut config = postgres::Config::from_str(&self.config.url)
+            .map_err(|e| Failure::config(format!("invalid connection string: {e}")))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(10));
+        }
+        let mut client = config.connect(NoTls)?;
+        client.batch_execute(SESSION_SETUP)?;
+        Ok(client)
+    }
+
+    /// One connection: set-up (first time: slot and snapshot), then streaming.
+    fn session(&mut self, connected: &mut bool) -> Result<Ended, Failure> {
+        let mut client = self.connect()?;
+        catalog::check_server(&mut client)?;
+        let tables = catalog::describe_tables(&mut client, &self.config.tables)?;
+        catalog::ensure_publication(&mut client, &self.config.publication, &tables)?;
+        self.decoder.set_tables(&tables);
+        let slot = self.config.slot.clone();
+        match self.phase {
+            Phase::Start => match self.from {
+                Some(from) => {
+                    if catalog::slot_position(&mut client, &slot)?.is_none() {
+                        return Err(Failure::config(format!(
+                            "replication slot {slot} does not exist: cannot resume after {}; \
+                             start without offset to take a new snapshot",
+                            format_lsn(from)
+                        )));
+                    }
+                    tracing::info!(slot, from = %format_lsn(from), "resuming the replication slot");
+                    self.phase = Phase::Stream;
+                }
+                None => {
+                    catalog::drop_slot(&mut client, &slot)?;
+                    let consistent = catalog::create_slot(&mut client, &slot)?;
+                    if self.config.snapshot {
+                        self.phase = Phase::Snapshot;
+                        if let Err(Ended::Stopped) = self.snapshot(&mut client, &tables, consistent)? {
+                            return Ok(Ended::Stopped);
+                        }
+                    } else if self
+                        .send(Msg::Snapshot { changes: Vec::new(), dead: Vec::new(), lsn: consistent })
+                        .is_err()
+                    {
+                        return Ok(Ended::Stopped);
+                    }
+                    self.phase = Phase::Stream;
+                }
+            },
+            Phase::Snapshot | Phase::Stream => {}
+        }
+        let Some(position) = catalog::slot_position(&mut client, &slot)? else {
+            return Err(Failure::config(format!("replication slot {slot} was dropped while the source ran")));
+        };
+        self.advanced = self.advanced.max(position);
+        *connected = true;
+        self.stream(&mut client)
+    }
+
+    /// Reads the tables in a `REPEATABLE READ` snapshot and sends them;
+    /// remembers which transactions the snapshot saw.
+    fn snapshot(
+        &mut self,
+        client: &mut Client,
+        tables: &[TableInfo],
+        consistent: u64,
+    ) -> Result<Result<(), Ended>, Failure> {
+        let bad = |what: &str| Failure::invalid("reading the snapshot", format!("unexpected result of {what}"));
+        client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")?;
+        // The first statement takes the transaction's snapshot.
+        let rows =
+            simple_rows(client.simple_query(
+                "SELECT pg_current_snapshot()::text, floor(extract(epoch FROM now()) * 1000)::int8::text",
+            )?);
+        let first = rows.first().ok_or_else(|| bad("pg_current_snapshot"))?;
+        let snapshot = first.first().and_then(|s| s.as_deref()).and_then(XidSnapshot::parse);
+        let now: Option<i64> = first.get(1).and_then(|s| s.as_deref()).and_then(|s| s.parse().ok());
+        let (Some(snapshot), Some(now)) = (snapshot, now) else { return Err(bad("pg_current_snapshot")) };
+        let rows = simple_rows(client.simple_query("SELECT pg_current_wal_insert_lsn()::text")?);
+        let until_lsn = rows
+            .first()
+            .and_then(|r| r.first())
+            .and_then(|s| s.as_deref())
+            .and_then(parse_lsn)
+            .ok_or_else(|| bad("pg_current_wal_insert_lsn"))?;
+        tracing::info!(
+            slot = %self.config.slot, xmin = snapshot.xmin, xmax = snapshot.xmax, in_progress = snapshot.xip.len(),
+            "taking the initial snapshot"
+        );
+        let time = u64::try_from(now).unwrap_or(0);
+        for table in tables {
+            let columns: Vec<String> = table.columns.iter().map(|c| quote_ident(&c.name)).collect();
+            client.batch_execute(&format!(
+                "DECLARE highwater_snapshot NO SCROLL CURSOR FOR SELECT {} FROM {}.{}",
+                columns.join(", "),
+                quote_ident(&table.schema),
+                quote_ident(&table.table)
+            ))?;
+            let stream_columns: Vec<_> = table.columns.iter().map(|c| (Arc::clone(&c.name), Ok(c.ty))).collect();
+            let mut read = 0u64;
+            loop {
+                let rows = simple_rows(
+                    client.simple_query(&format!("FETCH {} FROM highwater_snapshot", self.config.snapshot_batch))?,
+                );
+                let mut changes = Vec::with_capacity(rows.len());
+                let mut dead = Vec::new();
+                for values in &rows {
+                    let decoded: Result<Vec<_>, String> = stream_columns
+                        .iter()
+                        .zip(values)
+                        .map(|(column, text)| {
+                            Ok((Arc::clone(&column.0), decode_value(column, text.as_deref().map(str::as_bytes))?))
+                        })
+                        .collect();
+                    let row = decoded.map(|columns| Row { columns }).and_then(|row| match table.key_of(&row) {
+                        Some(key) => Ok((key, row)),
+                        None => Err(format!("key columns {:?} missing", table.key)),
+                    });
+                    match row {
+                        Ok((key, row)) => changes.push(Change {
+                            table: Arc::clone(&table.name),
+                            op: Op::Read,
+                            key,
+                            before: None,
+                            after: Some(row),
+                            time,
+                            lsn: consistent,
+                        }),
+                        Err(reason) => {
+                            let raw: Vec<&str> = values.iter().map(|v| v.as_deref().unwrap_or("NULL")).collect();
+                            dead.push(DeadLetter::new(
+                                format!("{}/{}", self.origin, table.name),
+                                consistent,
+                                reason,
+                                raw.join("\t").as_bytes(),
+                            ));
+                        }
+                    }
+                }
+                read += rows.len() as u64;
+                self.stats.changes.fetch_add(changes.len() as u64, Ordering::Relaxed);
+                let done = rows.len() < self.config.snapshot_batch as usize;
+                if !changes.is_empty() || !dead.is_empty() || done {
+                    if let Err(stopped) = self.send(Msg::Snapshot { changes, dead, lsn: consistent }) {
+                        return Ok(Err(stopped));
+                    }
+                }
+                if done {
+                    break;
+                }
+            }
+            client.batch_execute("CLOSE highwater_snapshot")?;
+            tracing::info!(table = %table.name, rows = read, "snapshot read");
+        }
+        client.batch_execute("COMMIT")?;
+        self.filter = Some(SnapshotFilter { snapshot, until_lsn });
+        self.last_sent = self.last_sent.max(consistent);
+        Ok(Ok(()))
+    }
+
+    /// Polls the slot until stopped or the connection fails.
+    fn stream(&mut self, client: &mut Client) -> Result<Ended, Failure> {
+        let peek = client.prepare(
+            "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2, \
+             'proto_version', '1', 'publication_names', $3)",
+        )?;
+        let clock = client.prepare("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::int8")?;
+        let advance = client.prepare("SELECT end_lsn::text FROM pg_replication_slot_advance($1, $2::text::pg_lsn)")?;
+        let limit = self.config.max_changes_per_poll as i32;
+        let publication = quote_ident(&self.config.publication);
+        let slot = self.config.slot.clone();
+        let margin = self.config.watermark_margin.0;
+        loop {
+            if self.stopped() {
+                return Ok(Ended::Stopped);
+            }
+            // Re-reading what the reader has not taken yet is wasted work: wait a little for it.
+            let waiting = Instant::now();
+            while self.shared.handed_end.load(Ordering::SeqCst) < self.last_sent_end
+                && waiting.elapsed() < Duration::from_millis(200)
+                && !self.stopped()
+            {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            let started = Instant::now();
+            let handed = self.shared.handed_end.load(Ordering::SeqCst);
+            if handed > self.advanced {
+                client.query(&advance, &[&slot, &format_lsn(handed)])?;
+                self.advanced = handed;
+            }
+            let now: i64 = client
+                .query_one(&clock, &[])?
+                .try_get(0)
+                .map_err(|e| Failure::invalid("reading the server clock", e))?;
+            self.decoder.reset();
+            let mut rows =
+                client.query_raw(&peek, [&slot as &(dyn postgres::types::ToSql + Sync), &limit, &publication])?;
+            self.stats.polls.fetch_add(1, Ordering::Relaxed);
+            let mut count = 0u64;
+            let mut server = started.elapsed();
+            loop {
+                let waited = Instant::now();
+                let Some(row) = rows.next()? else {
+                    server += waited.elapsed();
+                    break;
+                };
+                server += waited.elapsed();
+                count += 1;
+                let decoding = Instant::now();
+                let data: &[u8] = row.try_get(0).map_err(|e| Failure::invalid("reading a change", e))?;
+                let txn = self.decoder.feed(data).map_err(|e| Failure::invalid("decoding pgoutput", e))?;
+                add_elapsed(&self.stats.decode_nanos, decoding);
+                if let Some(txn) = txn {
+                    if let Err(stopped) = self.deliver(txn) {
+                        return Ok(stopped);
+                    }
+                }
+            }
+            self.stats.server_nanos.fetch_add(server.as_nanos() as u64, Ordering::Relaxed);
+            self.stats.messages.fetch_add(count, Ordering::Relaxed);
+            if count < limit as u64 {
+                let bound = u64::try_from(now).unwrap_or(0).saturating_sub(margin);
+                if self.send(Msg::CaughtUp(bound)).is_err()
+                    || self.sleep(Duration::from_millis(self.config.poll_interval.0))
+                {
+                    return Ok(Ended::Stopped);
+                }
+            }
+        }
+    }
+
+    /// Sends a decoded transaction, unless it was sent before or the snapshot has it.
+    fn deliver(&mut self, mut txn: Transaction) -> Result<(), Ended> {
+        if txn.commit_lsn <= self.last_sent {
+            tracing::trace!(lsn = %format_lsn(txn.commit_lsn), "skipping a transaction already sent");
+            return Ok(());
+        }
+        if let Some(filter) = &self.filter {
+            if txn.commit_lsn >= filter.until_lsn {
+                self.filter = None;
+            } else if filter.contains(txn.xid, txn.commit_lsn) {
+                tracing::debug!(xid = txn.xid, lsn = %format_lsn(txn.commit_lsn), "skipping a transaction the snapshot saw");
+                txn.changes.clear();
+                txn.dead.clear();
+                self.stats.skipped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.last_sent = txn.commit_lsn;
+        self.last_sent_end = txn.end_lsn;
+        self.stats.transactions.fetch_add(1, Ordering::Relaxed);
+        self.stats.changes.fetch_add(txn.changes.len() as u64, Ordering::Relaxed);
+        self.send(Msg::Txn(txn))
+    }
+}
+
+/// The rows of a simple query, as text values.
+fn simple_rows(messages: Vec<SimpleQueryMessage>) -> Vec<Vec<Option<String>>> {
+    messages
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(row) => {
+                Some((0..row.columns().len()).map(|i| row.try_get(i).ok().flatten().map(str::to_owned)).collect())
+            }
+            _ => None,
+        })
+        .collect()
+}

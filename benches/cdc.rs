@@ -11,7 +11,7 @@
 //!   call, parsing pgoutput, handing over to a full channel = the dataflow).
 //!
 //! ```text
-//! cargo bench --bench cdc -- --transactions 20000 --writers 2
+//! cargo bench --bench cdc -- --transactions 100000 --writers 2 [--max-changes-per-poll 100000]
 //! ```
 //!
 //! Needs the PostgreSQL server binaries (scripts/test.sh installs them).
@@ -33,10 +33,11 @@ struct Options {
     transactions: u64,
     writers: u64,
     accounts: u64,
+    max_changes_per_poll: u32,
 }
 
 fn parse_args() -> Options {
-    let mut o = Options { transactions: 20_000, writers: 2, accounts: 10_000 };
+    let mut o = Options { transactions: 20_000, writers: 2, accounts: 10_000, max_changes_per_poll: 100_000 };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{a} needs a number"));
@@ -44,6 +45,7 @@ fn parse_args() -> Options {
             "--transactions" => o.transactions = value(),
             "--writers" => o.writers = value(),
             "--accounts" => o.accounts = value(),
+            "--max-changes-per-poll" => o.max_changes_per_poll = value() as u32,
             "--bench" => {}
             other => panic!("unknown option {other}"),
         }
@@ -173,6 +175,7 @@ fn main() {
     .unwrap();
     let mut config = PostgresConfig::new(cluster.url(), ["accounts", "history"], "bench", "bench");
     config.poll_interval = highwater::time::Millis(10);
+    config.max_changes_per_poll = o.max_changes_per_poll;
     let changes = o.transactions / o.writers * o.writers * 2;
     println!(
         "PostgreSQL CDC bench: {} transactions (UPDATE + INSERT) on {} writer connections, {} accounts",

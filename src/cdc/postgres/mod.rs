@@ -114,7 +114,9 @@ pub struct PostgresConfig {
     #[serde(default = "defaults::poll_interval")]
     pub poll_interval: Millis,
     /// At most this many messages per poll (whole transactions are always
-    /// read, so a poll may return more).
+    /// read, so a poll may return more). Each poll decodes the WAL again
+    /// from the slot's restart point, so large polls drain a backlog faster
+    /// (the rows are streamed, not held in memory).
     #[serde(default = "defaults::max_changes_per_poll")]
     pub max_changes_per_poll: u32,
     /// Whether to read the tables' current rows first when starting without offset.
@@ -137,7 +139,7 @@ mod defaults {
         Millis(100)
     }
     pub(super) fn max_changes_per_poll() -> u32 {
-        20_000
+        100_000
     }
     pub(super) fn snapshot() -> bool {
         true

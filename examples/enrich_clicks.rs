@@ -64,11 +64,8 @@ fn options(name: &str) -> SourceOptions {
 fn main() -> anyhow::Result<()> {
     let usage = "usage: enrich_clicks IMPRESSIONS.jsonl CLICKS.jsonl PROFILES.jsonl [timely args]";
     let mut args = std::env::args().skip(1);
-    let (impressions, clicks, profiles) = (
-        args.next().context(usage)?,
-        args.next().context(usage)?,
-        args.next().context(usage)?,
-    );
+    let (impressions, clicks, profiles) =
+        (args.next().context(usage)?, args.next().context(usage)?, args.next().context(usage)?);
     let config = highwater::cluster::config_from_args(&args.collect::<Vec<_>>())?;
     let impressions = Arc::new(JsonLines::files(&[&impressions], JsonDecoder::<AdEvent>::new())?);
     let clicks = Arc::new(JsonLines::files(&[&clicks], JsonDecoder::<AdEvent>::new())?);
@@ -81,8 +78,8 @@ fn main() -> anyhow::Result<()> {
             let time = |e: &AdEvent| e.time;
             let impressions = read(scope, impressions, time, options("impressions"), &metrics, None).expect("opened");
             let clicks = read(scope, clicks, time, options("clicks"), &metrics, None).expect("opened");
-            let profiles = read(scope, profiles, |p: &ProfileUpdate| p.time, options("profiles"), &metrics, None)
-                .expect("opened");
+            let profiles =
+                read(scope, profiles, |p: &ProfileUpdate| p.time, options("profiles"), &metrics, None).expect("opened");
 
             // The profile table: upserts by user, deletes as `None`.
             let table = profiles.events.map(|p| (p.user, p.profile)).upsert(0).table;
@@ -103,7 +100,10 @@ fn main() -> anyhow::Result<()> {
             enriched.results.inner.inspect(|(((impression, click), profile), _time, _diff)| {
                 let who = profile.as_ref().map_or("no profile".to_owned(), |p| format!("{} {}", p.tier, p.country));
                 let after = (click.time - impression.time) / 1_000;
-                println!("{} clicked {} at {}, {after} s after the impression: {who}", click.user, click.ad, click.time);
+                println!(
+                    "{} clicked {} at {}, {after} s after the impression: {who}",
+                    click.user, click.ad, click.time
+                );
             });
             for late in [&attributed.late_left.stream, &attributed.late_right.stream] {
                 late.inspect(|(e, _, _)| println!("late: {e:?}"));

@@ -304,7 +304,7 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
         if let Ok(mut shards) = reader.shards.lock() {
             shards.insert(index, Arc::clone(&shard));
         }
-        let mut pending: BTreeMap<Timestamp, Vec<((K, V), Diff)>> = BTreeMap::new();
+        let mut pending: BTreeMap<Timestamp, Vec<Row<K, V>>> = BTreeMap::new();
         self.changelog.inner.clone().sink(Pipeline, "ServeTable", move |(input, frontier)| {
             input.for_each_stamp(|_cap, data| {
                 for batch in data {
@@ -339,6 +339,18 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
         });
     }
 }
+
+/// A table row with its diff, waiting to be served.
+type Row<K, V> = ((K, V), Diff);
+
+/// The served shards of a table, by worker index.
+type Shards<K, V> = Arc<Mutex<BTreeMap<usize, Arc<RwLock<Shard<K, V>>>>>>;
+
+/// A row of a left outer join: the left row, and the right row if one matches.
+pub type LeftJoined<K, V, J, W> = ((K, V), Option<(J, W)>);
+
+/// A row of a full outer join: either side may be missing, not both.
+pub type FullJoined<K, V, J, W> = (Option<(K, V)>, Option<(J, W)>);
 
 /// One worker's part of a served table.
 #[derive(Debug)]
@@ -377,7 +389,7 @@ struct Shard<K, V> {
 /// ```
 #[derive(Debug)]
 pub struct TableReader<K, V> {
-    shards: Arc<Mutex<BTreeMap<usize, Arc<RwLock<Shard<K, V>>>>>>,
+    shards: Shards<K, V>,
 }
 
 impl<K, V> Clone for TableReader<K, V> {
@@ -739,11 +751,7 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
 
     /// Left outer join: [`join`](Self::join), plus every row of this table
     /// that matches no row of `other`, with `None`.
-    pub fn left_join<J, W, F>(
-        &self,
-        other: &Table<'scope, J, W>,
-        on: F,
-    ) -> EventStream<'scope, ((K, V), Option<(J, W)>)>
+    pub fn left_join<J, W, F>(&self, other: &Table<'scope, J, W>, on: F) -> EventStream<'scope, LeftJoined<K, V, J, W>>
     where
         J: Key,
         W: Data + Ord,
@@ -758,11 +766,7 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
 
     /// Full outer join: [`left_join`](Self::left_join), plus every row of
     /// `other` that no row of this table matches, with `None` on the left.
-    pub fn full_join<J, W, F>(
-        &self,
-        other: &Table<'scope, J, W>,
-        on: F,
-    ) -> EventStream<'scope, (Option<(K, V)>, Option<(J, W)>)>
+    pub fn full_join<J, W, F>(&self, other: &Table<'scope, J, W>, on: F) -> EventStream<'scope, FullJoined<K, V, J, W>>
     where
         J: Key,
         W: Data + Ord,

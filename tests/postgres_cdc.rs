@@ -16,6 +16,7 @@ use highwater::cdc::{Change, Op, Row, Value};
 use highwater::dead_letter::DeadLetter;
 use highwater::source::{read, PartitionReader, ReadStatus, Source, SourceMetrics, SourceOptions};
 use highwater::Timestamp;
+use highwater_operators::table::TableReader;
 use pg::{drop_objects, PgCluster};
 use timely::dataflow::operators::Inspect;
 
@@ -24,6 +25,9 @@ use timely::dataflow::operators::Inspect;
 struct Seen {
     changes: Arc<Mutex<Vec<Change>>>,
     dead: Arc<Mutex<Vec<DeadLetter>>>,
+    /// The tables as highwater maintains them (upserts by event time, served
+    /// as of the watermark), keyed by table name and primary key.
+    tables: TableReader<(Arc<str>, Row), Row>,
 }
 
 impl Seen {
@@ -57,9 +61,18 @@ impl Running {
                     let options = SourceOptions { name: "pg".into(), batch_size: 100, ..Default::default() };
                     let streams = read(scope, src, |c: &Change| c.time, options, &m, None).expect("source opens");
                     let changes = Arc::clone(&s.changes);
-                    streams.events.inner.inspect(move |(c, _, _)| changes.lock().unwrap().push(c.clone()));
+                    streams.events.inspect(move |(c, _, _)| changes.lock().unwrap().push(c.clone()));
                     let dead = Arc::clone(&s.dead);
                     streams.dead_letters.inner.inspect(move |(d, _, _)| dead.lock().unwrap().push(d.clone()));
+                    let upserts = streams.events.flat_map(|c| {
+                        let names: Vec<&str> = c.key.columns.iter().map(|(n, _)| &**n).collect();
+                        let upserts = c.upserts(|r| r.project(&names));
+                        upserts
+                            .into_iter()
+                            .map(move |(key, row)| ((Arc::clone(&c.table), key), row))
+                            .collect::<Vec<_>>()
+                    });
+                    upserts.upsert(0).table.serve(&s.tables);
                 });
             })
             .expect("timely starts");
@@ -133,7 +146,16 @@ fn wait_for_state(
         let changes = running.seen.changes();
         let got = fold(&changes, table);
         let want = expected();
-        if got == want {
+        let qualified = if table.contains('.') { table.to_owned() } else { format!("public.{table}") };
+        let served: BTreeMap<Row, Row> = running
+            .seen
+            .tables
+            .snapshot()
+            .into_iter()
+            .filter(|((t, _), _)| **t == *qualified)
+            .map(|((_, k), v)| (k, v))
+            .collect();
+        if got == want && served == want {
             return changes;
         }
         let errors = running.metrics.errors();
@@ -144,10 +166,12 @@ fn wait_for_state(
             };
             panic!(
                 "{step}: the table state seen by highwater differs from the server's\n errors: {errors:?} records {} stats {:?}\n \
-                 got:  {}\n want: {}",
+                 folded changes: {}\n highwater table (watermark {}): {}\n want: {}",
                 running.metrics.records.get(),
                 running.source.stats(),
                 show(&got),
+                running.seen.tables.watermark(),
+                show(&served),
                 show(&want)
             );
         }

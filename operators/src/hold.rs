@@ -38,6 +38,16 @@ impl Hold {
         }
     }
 
+    /// Promises output at `time`, which must not precede the held capability's
+    /// time (e.g. a timer set while handling input held here).
+    pub(crate) fn promise(&mut self, time: Timestamp) {
+        debug_assert!(
+            self.cap.as_ref().is_some_and(|c| *c.time() <= time),
+            "a promise needs a capability at or before it"
+        );
+        *self.times.entry(time).or_insert(0) += 1;
+    }
+
     /// Withdraws one promise at `time`.
     pub(crate) fn remove(&mut self, time: Timestamp) {
         if let Some(n) = self.times.get_mut(&time) {

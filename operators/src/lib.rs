@@ -27,6 +27,7 @@
 #![forbid(missing_docs)]
 
 pub mod aggregate;
+pub mod cep;
 pub mod collection;
 mod group;
 mod hold;

@@ -1,0 +1,378 @@
+//! The matcher of one key: partial matches ("runs") advanced event by event,
+//! in event-time order.
+//!
+//! Every run waits for one thing: another event of the step it is in
+//! (`Continue`), the first event of a later step (`Enter`), or, for a match
+//! whose pattern ends with `not_followed_by`, the end of its time bound
+//! (`Pending`). Taking an event makes a new partial match, which branches into
+//! everything it may wait for next; whether a run may skip an event depends on
+//! the contiguity of what it waits for (strict: never; relaxed: only events
+//! that do not match; non-deterministic: always). A new run starts at every
+//! event the pattern's first step(s) can take.
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use super::pattern::{AfterMatchSkip, Contiguity, Greed, Matched, Pattern, StepKind};
+use crate::time::Timestamp;
+
+/// One event taken by a partial match: its step, its position in the key's
+/// event-time order, its time, the event.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Taken<E> {
+    pub(crate) step: usize,
+    pub(crate) seq: u64,
+    pub(crate) time: Timestamp,
+    pub(crate) event: E,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+enum Target {
+    Continue { step: usize, count: u32 },
+    Enter(usize),
+    Pending,
+}
+
+/// A partial match waiting for its next event.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Run<E> {
+    /// Identifies the taken events: runs that branched from one take share it.
+    node: u64,
+    taken: Rc<Vec<Taken<E>>>,
+    target: Target,
+    /// `not_next` steps the next event must not satisfy.
+    forbid_next: SmallVec<[usize; 1]>,
+    /// `not_followed_by` steps no skipped event may satisfy.
+    forbid_between: SmallVec<[usize; 1]>,
+    /// Greedy loop step whose events this `Enter` run may not take.
+    greedy_guard: Option<usize>,
+    /// Steps whose events this reluctant `Continue` run may not take.
+    reluctant_guard: SmallVec<[usize; 1]>,
+    /// The taken events already form an emitted match (not a time-out).
+    complete: bool,
+}
+
+impl<E> Run<E> {
+    fn start_seq(&self) -> u64 {
+        self.taken[0].seq
+    }
+    fn start_time(&self) -> Timestamp {
+        self.taken[0].time
+    }
+}
+
+/// A match or a timed-out partial match, as taken events.
+#[derive(Clone, Debug)]
+pub(crate) struct Found<E> {
+    pub(crate) taken: Rc<Vec<Taken<E>>>,
+    /// The event time the result goes out at.
+    pub(crate) time: Timestamp,
+}
+
+/// What the matcher of one key holds.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct KeyState<E> {
+    runs: Vec<Run<E>>,
+    next_seq: u64,
+    next_node: u64,
+}
+
+impl<E> Default for KeyState<E> {
+    fn default() -> Self {
+        KeyState { runs: Vec::new(), next_seq: 0, next_node: 0 }
+    }
+}
+
+impl<E> KeyState<E> {
+    /// Whether nothing is left (the key's state can be released).
+    pub(crate) fn is_idle(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// The earliest time a run of this key expires at, if the pattern has a bound.
+    pub(crate) fn next_expiry(&self, within: Option<u64>) -> Option<Timestamp> {
+        let w = within?;
+        self.runs.iter().map(|r| r.start_time().saturating_add(w)).min()
+    }
+}
+
+/// Branches made by one take, before they are added to the runs.
+struct Branches<E> {
+    runs: Vec<Run<E>>,
+    /// The take completed a match (immediately).
+    complete: bool,
+}
+
+/// A pattern prepared for matching.
+pub(crate) struct Matcher<E> {
+    pattern: Pattern<E>,
+    names: Vec<Arc<str>>,
+}
+
+impl<E: Clone> Matcher<E> {
+    pub(crate) fn new(pattern: Pattern<E>) -> Self {
+        let names = pattern.steps.iter().map(|s| Arc::clone(&s.name)).collect();
+        Matcher { pattern, names }
+    }
+
+    pub(crate) fn names(&self) -> &[Arc<str>] {
+        &self.names
+    }
+
+    pub(crate) fn within(&self) -> Option<u64> {
+        self.pattern.within
+    }
+
+    fn holds(&self, step: usize, event: &E, taken: &[Taken<E>]) -> bool {
+        (self.pattern.steps[step].predicate)(event, &Matched { names: &self.names, taken })
+    }
+
+    /// The runs a partial match that has just taken `count` events of `step`
+    /// (or nothing yet: `step` is `None`) branches into.
+    fn branches(&self, node: u64, taken: &Rc<Vec<Taken<E>>>, step: Option<usize>, count: u32) -> Branches<E> {
+        let steps = &self.pattern.steps;
+        let mut out = Branches { runs: Vec::new(), complete: false };
+        let run = |target| Run {
+            node,
+            taken: Rc::clone(taken),
+            target,
+            forbid_next: SmallVec::new(),
+            forbid_between: SmallVec::new(),
+            greedy_guard: None,
+            reluctant_guard: SmallVec::new(),
+            complete: false,
+        };
+        let can_leave = step.is_none_or(|s| count >= steps[s].min);
+        let can_stay = step.is_some_and(|s| steps[s].max.is_none_or(|m| count < m));
+        let mut enters: SmallVec<[usize; 1]> = SmallVec::new();
+        if can_leave {
+            let (mut forbid_next, mut forbid_between): (SmallVec<[usize; 1]>, SmallVec<[usize; 1]>) =
+                (SmallVec::new(), SmallVec::new());
+            let mut k = step.map_or(0, |s| s + 1);
+            loop {
+                if k == steps.len() {
+                    if forbid_between.is_empty() {
+                        out.complete = true;
+                    } else {
+                        let mut pending = run(Target::Pending);
+                        pending.forbid_between = forbid_between;
+                        out.runs.push(pending);
+                    }
+                    break;
+                }
+                match steps[k].kind {
+                    StepKind::NotNext => forbid_next.push(k),
+                    StepKind::NotFollowedBy => forbid_between.push(k),
+                    StepKind::Take => {
+                        let mut enter = run(Target::Enter(k));
+                        enter.forbid_next = forbid_next.clone();
+                        enter.forbid_between = forbid_between.clone();
+                        if let Some(s) = step {
+                            if steps[s].greed == Greed::Greedy && can_stay {
+                                enter.greedy_guard = Some(s);
+                            }
+                        }
+                        enters.push(k);
+                        out.runs.push(enter);
+                        if steps[k].min > 0 {
+                            break;
+                        }
+                    }
+                }
+                k += 1;
+            }
+        }
+        if let (Some(s), true) = (step, can_stay) {
+            let mut stay = run(Target::Continue { step: s, count });
+            if steps[s].greed == Greed::Reluctant && can_leave {
+                stay.reluctant_guard = enters.clone();
+            }
+            out.runs.push(stay);
+        }
+        if out.complete {
+            for r in out.runs.iter_mut() {
+                r.complete = true;
+            }
+        }
+        out
+    }
+
+    /// Expires the runs whose time bound has passed at `time` (no event before
+    /// `time` is still to come): pending matches complete, the others time out.
+    pub(crate) fn expire(
+        &self,
+        state: &mut KeyState<E>,
+        time: Timestamp,
+        matches: &mut Vec<Found<E>>,
+        timeouts: &mut Vec<Found<E>>,
+    ) {
+        let Some(w) = self.pattern.within else { return };
+        let (mut expired, kept): (Vec<Run<E>>, Vec<Run<E>>) =
+            state.runs.drain(..).partition(|r| r.start_time().saturating_add(w) <= time);
+        state.runs = kept;
+        if expired.is_empty() {
+            return;
+        }
+        expired.sort_by(|a, b| order(&a.taken, &b.taken));
+        let mut emitted: Vec<u64> = Vec::new();
+        let mut completed = Vec::new();
+        for r in expired.iter().filter(|r| r.target == Target::Pending) {
+            completed.push(Rc::clone(&r.taken));
+        }
+        let emitted_here = self
+            .emit(completed, &mut state.runs, &mut expired, |taken| taken[0].time.saturating_add(w).saturating_sub(1));
+        for (node, found) in emitted_here {
+            emitted.push(node);
+            matches.push(found);
+        }
+        let mut reported: Vec<u64> = Vec::new();
+        for r in expired.iter().filter(|r| r.target != Target::Pending) {
+            if r.complete || emitted.contains(&r.node) || reported.contains(&r.node) {
+                continue;
+            }
+            reported.push(r.node);
+            let at = r.start_time().saturating_add(w).saturating_sub(1);
+            timeouts.push(Found { taken: Rc::clone(&r.taken), time: at });
+        }
+    }
+
+    /// Emits `completed` matches in order, applying the skip strategy to the
+    /// later ones and to the runs (`runs` and `others`); returns the emitted
+    /// matches with the node of their taken events.
+    fn emit(
+        &self,
+        mut completed: Vec<Rc<Vec<Taken<E>>>>,
+        runs: &mut Vec<Run<E>>,
+        others: &mut Vec<Run<E>>,
+        time_of: impl Fn(&[Taken<E>]) -> Timestamp,
+    ) -> Vec<(u64, Found<E>)> {
+        completed.sort_by(|a, b| order(a, b));
+        let mut out = Vec::new();
+        let mut barriers: Vec<Box<dyn Fn(u64) -> bool>> = Vec::new();
+        for taken in completed {
+            let start = taken[0].seq;
+            if barriers.iter().any(|prune| prune(start)) {
+                continue;
+            }
+            let node =
+                others.iter().chain(runs.iter()).find(|r| Rc::ptr_eq(&r.taken, &taken)).map_or(u64::MAX, |r| r.node);
+            if let Some(prune) = self.pruning(&taken) {
+                runs.retain(|r| !prune(r.start_seq()));
+                others.retain(|r| !prune(r.start_seq()));
+                barriers.push(prune);
+            }
+            let time = time_of(&taken);
+            out.push((node, Found { taken, time }));
+        }
+        out
+    }
+
+    /// Which start positions the skip strategy discards after `taken` matched.
+    fn pruning(&self, taken: &[Taken<E>]) -> Option<Box<dyn Fn(u64) -> bool>> {
+        let step_of = |name: &str| self.names.iter().position(|n| &**n == name);
+        let first = taken[0].seq;
+        let last = taken[taken.len() - 1].seq;
+        match &self.pattern.skip {
+            AfterMatchSkip::NoSkip => None,
+            AfterMatchSkip::SkipPastLastEvent => Some(Box::new(move |s| s <= last)),
+            AfterMatchSkip::SkipToNext => Some(Box::new(move |s| s <= first)),
+            AfterMatchSkip::SkipToFirst(name) => {
+                let step = step_of(name)?;
+                let at = taken.iter().find(|t| t.step == step)?.seq;
+                Some(Box::new(move |s| s < at))
+            }
+            AfterMatchSkip::SkipToLast(name) => {
+                let step = step_of(name)?;
+                let at = taken.iter().rev().find(|t| t.step == step)?.seq;
+                Some(Box::new(move |s| s < at))
+            }
+        }
+    }
+
+    /// Advances the key's runs by one event (the next in event-time order;
+    /// runs expired before `time` must have been expired first).
+    pub(crate) fn advance(&self, state: &mut KeyState<E>, event: E, time: Timestamp, matches: &mut Vec<Found<E>>) {
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        let steps = &self.pattern.steps;
+        let mut next: Vec<Run<E>> = Vec::with_capacity(state.runs.len() + 2);
+        let mut completed: Vec<Rc<Vec<Taken<E>>>> = Vec::new();
+        let take = |state: &mut KeyState<E>,
+                    next: &mut Vec<Run<E>>,
+                    completed: &mut Vec<Rc<Vec<Taken<E>>>>,
+                    taken: &[Taken<E>],
+                    step: usize,
+                    count: u32| {
+            let mut extended = Vec::with_capacity(taken.len() + 1);
+            extended.extend_from_slice(taken);
+            extended.push(Taken { step, seq, time, event: event.clone() });
+            let extended = Rc::new(extended);
+            let node = state.next_node;
+            state.next_node += 1;
+            let branches = self.branches(node, &extended, Some(step), count);
+            if branches.complete {
+                completed.push(Rc::clone(&extended));
+            }
+            next.extend(branches.runs);
+        };
+
+        let runs = std::mem::take(&mut state.runs);
+        for mut run in runs {
+            let taken = Rc::clone(&run.taken);
+            if run.target == Target::Pending {
+                if !run.forbid_between.iter().any(|n| self.holds(*n, &event, &taken)) {
+                    next.push(run);
+                }
+                continue;
+            }
+            if run.forbid_next.iter().any(|n| self.holds(*n, &event, &taken)) {
+                continue;
+            }
+            let (step, count, contiguity) = match run.target {
+                Target::Continue { step, count } => (step, count, steps[step].inner),
+                Target::Enter(step) => (step, 0, steps[step].entry),
+                Target::Pending => unreachable!("handled above"),
+            };
+            let matches_step = self.holds(step, &event, &taken);
+            let blocked = match run.target {
+                Target::Enter(_) => run.greedy_guard.is_some_and(|g| self.holds(g, &event, &taken)),
+                _ => run.reluctant_guard.iter().any(|g| self.holds(*g, &event, &taken)),
+            };
+            if matches_step && !blocked {
+                take(state, &mut next, &mut completed, &taken, step, count + 1);
+            }
+            let may_skip = match contiguity {
+                Contiguity::Strict => false,
+                Contiguity::Relaxed => !matches_step,
+                Contiguity::NonDeterministic => true,
+            };
+            if may_skip && !run.forbid_between.iter().any(|n| self.holds(*n, &event, &taken)) {
+                run.forbid_next.clear();
+                next.push(run);
+            }
+        }
+        // A new partial match starts at every event a first step can take.
+        let start = self.branches(u64::MAX, &Rc::new(Vec::new()), None, 0);
+        for run in start.runs {
+            if let Target::Enter(step) = run.target {
+                if self.holds(step, &event, &[]) {
+                    take(state, &mut next, &mut completed, &[], step, 1);
+                }
+            }
+        }
+        let mut none = Vec::new();
+        for (_, found) in self.emit(completed, &mut next, &mut none, |taken| taken[taken.len() - 1].time) {
+            matches.push(found);
+        }
+        state.runs = next;
+    }
+}
+
+/// The order matches are emitted in: by start position, then by the
+/// positions and steps of their events.
+fn order<E>(a: &[Taken<E>], b: &[Taken<E>]) -> std::cmp::Ordering {
+    let key = |t: &[Taken<E>]| t.iter().map(|x| (x.seq, x.step)).collect::<Vec<_>>();
+    key(a).cmp(&key(b))
+}

@@ -186,9 +186,17 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
                             if diff == 0 {
                                 continue;
                             }
-                            let history = tables
-                                .entry(k.clone())
-                                .or_insert_with(|| History { versions: SmallVec::new(), scheduled: Timestamp::MAX });
+                            let history = if diff > 0 {
+                                tables
+                                    .entry(k.clone())
+                                    .or_insert_with(|| History { versions: SmallVec::new(), scheduled: Timestamp::MAX })
+                            } else {
+                                // An undo of an upsert this key does not hold changes nothing.
+                                match tables.get_mut(&k) {
+                                    Some(history) => history,
+                                    None => continue,
+                                }
+                            };
                             let versions = &mut history.versions;
                             let at = versions.partition_point(|(t, _)| *t <= time);
                             let exact = at > 0 && versions[at - 1].0 == time;
@@ -224,8 +232,8 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
                                 }
                             }
                             match history.compact_from() {
-                                Some(from) if lateness.release_at(from) < history.scheduled => {
-                                    history.scheduled = lateness.release_at(from);
+                                Some(from) if lateness.release_at(from.saturating_add(1)) < history.scheduled => {
+                                    history.scheduled = lateness.release_at(from.saturating_add(1));
                                     due.entry(history.scheduled).or_default().push(k);
                                 }
                                 None if history.versions.is_empty() => {
@@ -239,7 +247,9 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
 
                 // Compaction: versions no record can reach any more.
                 let watermark = watermark_of(&frontiers[0]);
-                let horizon = watermark.saturating_sub(lateness.0);
+                // A record at `watermark - lateness` is still accepted, and an undo
+                // there needs the version before it: keep the latest one before.
+                let horizon = watermark.saturating_sub(lateness.0).saturating_sub(1);
                 while let Some(entry) = due.first_entry() {
                     if *entry.key() > watermark || watermark == END_OF_TIME {
                         break;
@@ -254,7 +264,7 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
                         if history.compact(horizon) {
                             tables.remove(&k);
                         } else if let Some(from) = history.compact_from() {
-                            history.scheduled = lateness.release_at(from).max(time.saturating_add(1));
+                            history.scheduled = lateness.release_at(from.saturating_add(1)).max(time.saturating_add(1));
                             due.entry(history.scheduled).or_default().push(k);
                         }
                     }
@@ -299,44 +309,50 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
     /// Keeps the table's current state in `reader`, where the program can look
     /// keys up (see [`TableReader`]).
     pub fn serve(&self, reader: &TableReader<K, V>) {
-        let shard = Arc::new(RwLock::new(Shard { rows: StateMap::default(), watermark: 0 }));
+        let shard = Arc::new(RwLock::new(Shard { rows: StateMap::default(), pending: BTreeMap::new() }));
         let index = self.changelog.scope().index();
         if let Ok(mut shards) = reader.shards.lock() {
             shards.insert(index, Arc::clone(&shard));
         }
-        let mut pending: BTreeMap<Timestamp, Vec<Row<K, V>>> = BTreeMap::new();
+        reader.post(index, 0);
+        let reader = reader.clone();
         self.changelog.inner.clone().sink(Pipeline, "ServeTable", move |(input, frontier)| {
+            let Ok(mut shard) = shard.write() else { return };
             input.for_each_stamp(|_cap, data| {
                 for batch in data {
                     for (kv, time, diff) in batch.drain(..) {
-                        pending.entry(time).or_default().push((kv, diff));
+                        shard.pending.entry(time).or_default().push((kv, diff));
                     }
                 }
             });
-            let watermark = watermark_of(frontier);
-            let Ok(mut shard) = shard.write() else { return };
-            while let Some(entry) = pending.first_entry() {
-                if *entry.key() >= watermark {
+            // Changes are applied up to the least watermark of all shards, so
+            // that the shards together always hold one state of the table.
+            let applied = reader.post(index, watermark_of(frontier));
+            while let Some(entry) = shard.pending.first_entry() {
+                if *entry.key() >= applied {
                     break;
                 }
                 for ((k, v), diff) in entry.remove() {
-                    let values = shard.rows.entry(k.clone()).or_default();
-                    match values.iter_mut().position(|(x, _)| *x == v) {
-                        Some(i) => {
-                            values[i].1 += diff;
-                            if values[i].1 == 0 {
-                                values.remove(i);
-                            }
-                        }
-                        None => values.push((v, diff)),
-                    }
-                    if values.is_empty() {
+                    bump(shard.rows.entry(k.clone()).or_default(), v, diff);
+                    if shard.rows.get(&k).is_some_and(|values| values.is_empty()) {
                         shard.rows.remove(&k);
                     }
                 }
             }
-            shard.watermark = watermark;
         });
+    }
+}
+
+/// Adds `diff` to the count of `value`, dropping it at zero.
+fn bump<V: PartialEq>(values: &mut SmallVec<[(V, Diff); 1]>, value: V, diff: Diff) {
+    match values.iter_mut().position(|(x, _)| *x == value) {
+        Some(i) => {
+            values[i].1 += diff;
+            if values[i].1 == 0 {
+                values.remove(i);
+            }
+        }
+        None => values.push((value, diff)),
     }
 }
 
@@ -352,19 +368,21 @@ pub type LeftJoined<K, V, J, W> = ((K, V), Option<(J, W)>);
 /// A row of a full outer join: either side may be missing, not both.
 pub type FullJoined<K, V, J, W> = (Option<(K, V)>, Option<(J, W)>);
 
-/// One worker's part of a served table.
+/// One worker's part of a served table: the rows as of some time at or
+/// before the shards' least watermark, and the changes after it.
 #[derive(Debug)]
 struct Shard<K, V> {
     rows: StateMap<K, SmallVec<[(V, Diff); 1]>>,
-    watermark: Timestamp,
+    pending: BTreeMap<Timestamp, Vec<Row<K, V>>>,
 }
 
 /// The tables' state as the dataflow maintains it, readable from outside the
 /// dataflow by key: the read side of a materialized view.
 ///
 /// Make one before `timely::execute`, hand a clone to every worker, and call
-/// [`Table::serve`] in each. Queries see the table as of its watermark (every
-/// change before it applied, none after), so a query's answer is a state the
+/// [`Table::serve`] in each. Queries see the table as of its watermark, the
+/// least over the serving workers (every change before it applied, none
+/// after), so an answer — a single key or a whole snapshot — is a state the
 /// table really had. Within one process, each worker holds the keys it owns
 /// and [`get`](TableReader::get) asks them all; across processes, each
 /// process serves its own workers' keys.
@@ -390,21 +408,32 @@ struct Shard<K, V> {
 #[derive(Debug)]
 pub struct TableReader<K, V> {
     shards: Shards<K, V>,
+    /// Each serving worker's watermark.
+    watermarks: Arc<Mutex<BTreeMap<usize, Timestamp>>>,
 }
 
 impl<K, V> Clone for TableReader<K, V> {
     fn clone(&self) -> Self {
-        TableReader { shards: Arc::clone(&self.shards) }
+        TableReader { shards: Arc::clone(&self.shards), watermarks: Arc::clone(&self.watermarks) }
     }
 }
 
 impl<K, V> Default for TableReader<K, V> {
     fn default() -> Self {
-        TableReader { shards: Arc::default() }
+        TableReader { shards: Arc::default(), watermarks: Arc::default() }
     }
 }
 
-impl<K: Key, V: Data> TableReader<K, V> {
+impl<K, V> TableReader<K, V> {
+    /// Records worker `index`'s watermark; returns the least over the workers.
+    fn post(&self, index: usize, watermark: Timestamp) -> Timestamp {
+        let Ok(mut marks) = self.watermarks.lock() else { return 0 };
+        marks.insert(index, watermark);
+        marks.values().copied().min().unwrap_or(0)
+    }
+}
+
+impl<K: Key, V: Data + PartialEq> TableReader<K, V> {
     /// A reader no table serves yet.
     pub fn new() -> Self {
         Self::default()
@@ -416,21 +445,34 @@ impl<K: Key, V: Data> TableReader<K, V> {
 
     /// The value of `key`, if the table has one.
     pub fn get(&self, key: &K) -> Option<V> {
+        let as_of = self.watermark();
         self.shards().iter().find_map(|shard| {
             let shard = shard.read().ok()?;
-            shard.rows.get(key).and_then(|values| values.iter().find(|(_, d)| *d > 0).map(|(v, _)| v.clone()))
+            let mut values = shard.rows.get(key).cloned().unwrap_or_default();
+            for changes in shard.pending.range(..as_of).map(|(_, c)| c) {
+                for ((_, v), diff) in changes.iter().filter(|((k, _), _)| k == key) {
+                    bump(&mut values, v.clone(), *diff);
+                }
+            }
+            values.into_iter().find(|(_, d)| *d > 0).map(|(v, _)| v)
         })
     }
 
     /// Every row, sorted by key.
     pub fn snapshot(&self) -> Vec<(K, V)> {
+        let as_of = self.watermark();
         let mut rows: Vec<(K, V)> = Vec::new();
         for shard in self.shards() {
-            if let Ok(shard) = shard.read() {
-                for (k, values) in shard.rows.iter() {
-                    if let Some((v, _)) = values.iter().find(|(_, d)| *d > 0) {
-                        rows.push((k.clone(), v.clone()));
-                    }
+            let Ok(shard) = shard.read() else { continue };
+            let mut table = shard.rows.clone();
+            for changes in shard.pending.range(..as_of).map(|(_, c)| c) {
+                for ((k, v), diff) in changes {
+                    bump(table.entry(k.clone()).or_default(), v.clone(), *diff);
+                }
+            }
+            for (k, values) in table {
+                if let Some((v, _)) = values.into_iter().find(|(_, d)| *d > 0) {
+                    rows.push((k, v));
                 }
             }
         }
@@ -440,7 +482,7 @@ impl<K: Key, V: Data> TableReader<K, V> {
 
     /// How many keys have a value.
     pub fn len(&self) -> usize {
-        self.shards().iter().filter_map(|s| s.read().ok().map(|s| s.rows.len())).sum()
+        self.snapshot().len()
     }
 
     /// Whether the table is empty.
@@ -452,11 +494,7 @@ impl<K: Key, V: Data> TableReader<K, V> {
     /// workers ([`END_OF_TIME`] once the table's input is complete; 0 before
     /// any worker serves).
     pub fn watermark(&self) -> Timestamp {
-        let shards = self.shards();
-        if shards.is_empty() {
-            return 0;
-        }
-        shards.iter().filter_map(|s| s.read().ok().map(|s| s.watermark)).min().unwrap_or(0)
+        self.watermarks.lock().ok().and_then(|m| m.values().copied().min()).unwrap_or(0)
     }
 }
 
@@ -601,6 +639,10 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                 let mut late = late_out.activate();
                 table_in.for_each_stamp(|_cap, data| {
                     for batch in data {
+                        if horizon == END_OF_TIME {
+                            // No event will ask any more.
+                            batch.clear();
+                        }
                         for ((k, v), time, diff) in batch.drain(..) {
                             let entry = versions
                                 .entry(k.clone())
@@ -656,7 +698,12 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                 let stream_watermark = watermark_of(&frontiers[1]);
                 let reachable = stream_watermark.saturating_sub(lateness.0);
                 let next = waiting.first_time().map_or(reachable, |t| t.min(reachable));
-                if next > horizon && stream_watermark < END_OF_TIME {
+                if stream_watermark == END_OF_TIME && waiting.first_time().is_none() {
+                    // The events are done: the table's versions serve nobody.
+                    horizon = END_OF_TIME;
+                    versions = StateMap::default();
+                    due.clear();
+                } else if next > horizon {
                     horizon = next.saturating_sub(1);
                     while let Some(entry) = due.first_entry() {
                         if *entry.key() > horizon {

@@ -205,6 +205,9 @@ fn base64_bytes(text: &str) -> Result<Vec<u8>, DecodeError> {
 
 /// A big-endian two's-complement unscaled integer with `scale` decimal digits, as text.
 fn decimal(bytes: &[u8], scale: u32) -> Result<String, DecodeError> {
+    if scale > 1_000 {
+        return Err(err(format!("decimal scale {scale} is out of range (at most 1000)")));
+    }
     if bytes.len() > 16 {
         return Err(err("decimal wider than 128 bits"));
     }
@@ -254,6 +257,7 @@ mod tests {
         assert_eq!(decimal(&[0x05], 3).unwrap(), "0.005");
         assert_eq!(decimal(&[0x07], 0).unwrap(), "7");
         assert_eq!(decimal(&[], 0).unwrap(), "0");
+        assert!(decimal(&[1], 4_000_000_000).unwrap_err().0.contains("out of range"));
     }
 
     #[test]

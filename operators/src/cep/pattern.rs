@@ -345,8 +345,9 @@ impl<E: 'static> Pattern<E> {
     }
 
     /// Checks the pattern: unique step names, quantifiers in range, negations
-    /// neither first nor quantified, a trailing `not_followed_by` only with
-    /// `within` and no trailing `not_next`, skip targets that exist, and at
+    /// neither first nor quantified, a `not_next` always followed by a step that
+    /// must take an event, a trailing `not_followed_by` (no step that must take
+    /// an event after it) only with `within`, skip targets that exist, and at
     /// least one step that must take an event.
     pub fn validate(&self) -> Result<(), PatternError> {
         let err = |m: String| Err(PatternError(m));
@@ -364,9 +365,13 @@ impl<E: 'static> Pattern<E> {
                 if (s.min, s.max) != (1, Some(1)) || s.greed != Greed::Both {
                     return err(format!("step `{}`: a negation cannot be quantified", s.name));
                 }
-                if i + 1 == self.steps.len() {
+                let required_after = self.steps[i + 1..].iter().any(|o| o.kind == StepKind::Take && o.min > 0);
+                if !required_after {
                     if s.kind == StepKind::NotNext {
-                        return err(format!("step `{}`: a pattern cannot end with not_next", s.name));
+                        return err(format!(
+                            "step `{}`: not_next must be followed by a step that takes an event (a pattern cannot end with it)",
+                            s.name
+                        ));
                     }
                     if self.within.is_none() {
                         return err(format!(

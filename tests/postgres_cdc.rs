@@ -1,7 +1,11 @@
 //! The PostgreSQL CDC source against a real server (a throwaway cluster per
 //! test run): snapshot + stream through the dataflow equal the server's
-//! tables after every step, across a server restart and under concurrent
-//! writes during the snapshot; configuration errors are clear.
+//! tables after every step, across a server restart, under concurrent
+//! writes during the snapshot and with a commit still waiting for a
+//! synchronous standby when the slot is created; event times follow
+//! delivery order; offsets resume exactly or fail clearly; configuration
+//! errors are clear; the replication connection authenticates with
+//! passwords.
 
 #[path = "common/postgres.rs"]
 mod pg;
@@ -11,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use highwater::cdc::postgres::{PostgresConfig, PostgresSource};
+use highwater::cdc::postgres::lsn::format_lsn;
+use highwater::cdc::postgres::{PostgresConfig, PostgresReader, PostgresSource};
 use highwater::cdc::{Change, Op, Row, Value};
 use highwater::dead_letter::DeadLetter;
 use highwater::source::{read, PartitionReader, ReadStatus, Source, SourceMetrics, SourceOptions};
@@ -132,6 +137,15 @@ fn fold(changes: &[Change], table: &str) -> BTreeMap<Row, Row> {
         }
     }
     state
+}
+
+/// Event times never decrease in delivery order, and the snapshot rows come
+/// first, so that no change is older than them.
+fn assert_event_times_follow_delivery(changes: &[Change]) {
+    for w in changes.windows(2) {
+        assert!(w[0].time <= w[1].time, "event time went back in delivery order: {:?} then {:?}", w[0], w[1]);
+        assert!(w[0].op == Op::Read || w[1].op != Op::Read, "a snapshot row after a streamed change: {:?}", w[1]);
+    }
 }
 
 /// Waits until the folded changes equal `expected()`; panics after 15 s.
@@ -283,6 +297,7 @@ fn snapshot_and_stream_equal_the_server_after_every_step() {
             assert_eq!(new[0].before.as_ref().and_then(|b| b.get("id")), Some(&Value::Int(2)), "{new:?}");
         }
     }
+    assert_event_times_follow_delivery(&running.seen.changes());
     // Commit times are the server's, in ms.
     let last = running.seen.changes().last().cloned().unwrap();
     let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
@@ -523,6 +538,9 @@ fn rows_written_during_the_snapshot_appear_exactly_once() {
     assert!(metrics.errors().is_empty(), "{:?}", metrics.errors());
     let streamed = changes.iter().filter(|c| c.op != Op::Read).count();
     assert!(streamed > 0 && writes > 10, "the test wrote {writes} transactions, streamed {streamed} changes");
+    assert_event_times_follow_delivery(&changes);
+    let snapshot_time = changes.iter().find(|c| c.op == Op::Read).map_or(0, |c| c.time);
+    let at_snapshot_time = changes.iter().filter(|c| c.op != Op::Read && c.time == snapshot_time).count();
     // Each row is created once (snapshot or insert) and its images go strictly up.
     let mut last_v: HashMap<Row, i64> = HashMap::new();
     for c in &changes {
@@ -540,8 +558,8 @@ fn rows_written_during_the_snapshot_appear_exactly_once() {
         }
     }
     eprintln!(
-        "concurrent snapshot: {writes} writer transactions, {streamed} streamed changes, \
-         {skipped} streamed transactions skipped as already in the snapshot"
+        "concurrent snapshot: {writes} writer transactions, {streamed} streamed changes \
+         ({at_snapshot_time} at the snapshot's time), {skipped} transactions skipped after reconnecting"
     );
     drop_objects(&mut sql, name, name, &[table]);
 }
@@ -609,4 +627,241 @@ fn unchanged_toast_values_without_full_identity_are_dead_letters() {
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert!(dead[0].reason.contains("REPLICA IDENTITY FULL") && dead[0].reason.contains("big"), "{}", dead[0].reason);
     drop_objects(&mut sql, name, name, &[table]);
+}
+
+/// Reads `reader` with at most `max` changes per call until `until(changes,
+/// offset)` holds (`Ok`) or the reader fails (`Err` with the message).
+fn read_until(
+    reader: &mut PostgresReader,
+    max: usize,
+    mut until: impl FnMut(&[Change], u64) -> bool,
+) -> Result<Vec<Change>, String> {
+    let mut changes = Vec::new();
+    let mut dead = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        match reader.read(max, &mut |c| changes.push(c), &mut dead) {
+            Err(e) => return Err(e.to_string()),
+            Ok(ReadStatus::End) => break,
+            Ok(_) => {}
+        }
+        if until(&changes, reader.offset()) {
+            return Ok(changes);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("the reader neither failed nor got there in time; changes: {changes:?}");
+}
+
+fn id_of(change: &Change) -> Option<i64> {
+    change.key.get("id").and_then(Value::as_i64)
+}
+
+#[test]
+fn offsets_resume_exactly_or_fail_clearly() {
+    let cluster = PgCluster::shared();
+    let (table, name) = ("cdc_offsets", "hw_offsets");
+    let mut sql = cluster.client();
+    sql.batch_execute(&format!(
+        "CREATE TABLE {table} (id int8 PRIMARY KEY, v int8); INSERT INTO {table} SELECT g, 0 FROM generate_series(1, 50) g"
+    ))
+    .unwrap();
+    let mut config = config(&cluster, &[table], name);
+    config.snapshot_batch = 10;
+    let source = PostgresSource::new(config).unwrap();
+
+    // While the snapshot is read the offset is 0 ("snapshot incomplete"):
+    // resuming from it takes a new snapshot instead of skipping rows.
+    let mut reader = source.open(0, None).unwrap();
+    let mut during_snapshot = Vec::new();
+    let snapshot = read_until(&mut reader, 10, |changes, offset| {
+        if changes.len() < 50 {
+            during_snapshot.push(offset);
+        }
+        changes.len() == 50 && offset > 0
+    })
+    .unwrap();
+    assert!(snapshot.iter().all(|c| c.op == Op::Read));
+    assert!(!during_snapshot.is_empty() && during_snapshot.iter().all(|&o| o == 0), "{during_snapshot:?}");
+    let consistent = reader.offset();
+
+    // After each transaction: its end, past the consistent point.
+    sql.batch_execute(&format!("INSERT INTO {table} VALUES (51, 1)")).unwrap();
+    read_until(&mut reader, 100, |changes, _| changes.len() == 1).unwrap();
+    let first = reader.offset();
+    sql.batch_execute(&format!("INSERT INTO {table} VALUES (52, 1)")).unwrap();
+    read_until(&mut reader, 100, |changes, _| changes.len() == 1).unwrap();
+    let second = reader.offset();
+    assert!(consistent < first && first < second, "{consistent:X} {first:X} {second:X}");
+    // The slot is advanced to what was handed out.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let confirmed = |sql: &mut postgres::Client| -> String {
+        sql.query_one("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", &[&name])
+            .unwrap()
+            .get(0)
+    };
+    while confirmed(&mut sql) != format_lsn(second) {
+        assert!(Instant::now() < deadline, "the slot stays at {}, not {}", confirmed(&mut sql), format_lsn(second));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(reader);
+
+    // An older offset: the slot cannot replay 52, so resuming fails clearly.
+    let mut reader = source.open(0, Some(first)).unwrap();
+    let e = read_until(&mut reader, 100, |_, _| false).unwrap_err();
+    assert!(
+        e.contains(&format!(
+            "replication slot {name} is already at {}, past the offset {}",
+            format_lsn(second),
+            format_lsn(first)
+        )),
+        "{e}"
+    );
+    drop(reader);
+
+    // The latest offset resumes exactly: nothing repeated, nothing lost.
+    let mut reader = source.open(0, Some(second)).unwrap();
+    sql.batch_execute(&format!("INSERT INTO {table} VALUES (53, 1)")).unwrap();
+    let resumed = read_until(&mut reader, 100, |changes, _| changes.iter().any(|c| id_of(c) == Some(53))).unwrap();
+    let ids: Vec<(Op, Option<i64>)> = resumed.iter().map(|c| (c.op, id_of(c))).collect();
+    assert_eq!(ids, vec![(Op::Insert, Some(53))]);
+    drop(reader);
+
+    // Offset 0 (an interrupted snapshot): a new snapshot of all rows.
+    let mut reader = source.open(0, Some(0)).unwrap();
+    let again = read_until(&mut reader, 1_000, |changes, offset| changes.len() >= 53 && offset > 0).unwrap();
+    assert!(again.len() == 53 && again.iter().all(|c| c.op == Op::Read), "{} changes", again.len());
+    drop(reader);
+    drop_objects(&mut sql, name, name, &[table]);
+}
+
+#[test]
+fn a_commit_waiting_for_a_synchronous_standby_during_slot_creation_is_not_lost() {
+    // A cluster of its own: synchronous replication is switched on.
+    let cluster = PgCluster::start();
+    let (table, name) = ("cdc_syncrep", "hw_syncrep");
+    let mut sql = cluster.client();
+    sql.batch_execute(&format!(
+        "CREATE TABLE {table} (id int8 PRIMARY KEY, v int8); INSERT INTO {table} SELECT g, 0 FROM generate_series(1, 10) g;
+         CREATE PUBLICATION {name} FOR TABLE {table};"
+    ))
+    .unwrap();
+    // Commits wait for a standby that never comes, unless a session says otherwise.
+    sql.batch_execute("ALTER SYSTEM SET synchronous_standby_names = 'nobody'").unwrap();
+    sql.batch_execute("ALTER SYSTEM SET synchronous_commit = 'local'").unwrap();
+    sql.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut sql = cluster.client();
+    let count = |sql: &mut postgres::Client, query: &str| -> i64 { sql.query_one(query, &[]).unwrap().get(0) };
+
+    // How the slot gets consistent (PostgreSQL's snapshot builder): it logs
+    // the running transactions (R1) and waits for a later such record (R2)
+    // showing them all ended; if R2 lists transactions still running, it
+    // waits for a record (R3) showing those ended too, and counts the
+    // transactions that started after R2 and committed before R3 as
+    // committed by decoding their commit records, whether or not they have
+    // left the process array. The consistent point is R3.
+    //
+    // A transaction holding an xid is in R1 ...
+    let mut holder = cluster.client();
+    holder.batch_execute("BEGIN; SELECT pg_current_xact_id();").unwrap();
+    let running = Running::start(config(&cluster, &[table], name));
+    let creating =
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CREATE_REPLICATION_SLOT%' AND state = 'active'";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count(&mut sql, creating) == 0 {
+        assert!(Instant::now() < deadline, "the slot is not being created: {:?}", running.metrics.errors());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    // ... a second one starts and the first ends; a checkpoint logs R2.
+    let mut holder2 = cluster.client();
+    holder2.batch_execute("BEGIN; SELECT pg_current_xact_id();").unwrap();
+    holder.batch_execute("COMMIT").unwrap();
+    sql.batch_execute("CHECKPOINT").unwrap();
+    // T writes its commit record and waits for the standby: committed in the
+    // WAL, still in progress for every other session.
+    let committer = {
+        let mut client = cluster.client();
+        std::thread::spawn(move || {
+            client
+                .batch_execute(&format!(
+                    "SET synchronous_commit = on; BEGIN; UPDATE {table} SET v = 1 WHERE id = 1; COMMIT;"
+                ))
+                .map_err(|e| e.to_string())
+        })
+    };
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'";
+    while count(&mut sql, waiting) == 0 {
+        assert!(Instant::now() < deadline, "the commit does not wait for the standby");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The second ends; checkpoints (R3) until the slot is consistent (T's
+    // commit record lies before that point) and the snapshot is read.
+    holder2.batch_execute("COMMIT").unwrap();
+    while running.seen.changes().len() < 10 {
+        assert!(Instant::now() < deadline, "no snapshot: {:?} {:?}", running.metrics.errors(), running.source.stats());
+        sql.batch_execute("CHECKPOINT").unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Another session still does not see T, but the slot's snapshot does.
+    assert_eq!(count(&mut sql, &format!("SELECT v FROM {table} WHERE id = 1")), 0);
+    let changes = running.seen.changes();
+    let row1: Vec<&Change> = changes.iter().filter(|c| id_of(c) == Some(1)).collect();
+    assert_eq!(row1.len(), 1, "{row1:?}");
+    assert_eq!(row1[0].after.as_ref().and_then(|r| r.get("v")).and_then(Value::as_i64), Some(1), "{row1:?}");
+    // Release T; its change is not streamed again.
+    sql.batch_execute("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").unwrap();
+    committer.join().unwrap().unwrap();
+    sql.batch_execute("ALTER SYSTEM RESET synchronous_standby_names").unwrap();
+    sql.batch_execute("SELECT pg_reload_conf()").unwrap();
+    sql.batch_execute(&format!("SET synchronous_commit = local; UPDATE {table} SET v = 2 WHERE id = 2")).unwrap();
+    let changes =
+        wait_for_state(&running, table, "after the standby wait", || simple_rows(&mut cluster.client(), table));
+    let row1 = changes.iter().filter(|c| id_of(c) == Some(1)).count();
+    assert_eq!(row1, 1, "{changes:?}");
+    assert_event_times_follow_delivery(&changes);
+    let (_, _, metrics) = running.finish();
+    assert!(metrics.errors().is_empty(), "{:?}", metrics.errors());
+}
+
+#[test]
+fn the_replication_connection_authenticates_with_passwords() {
+    let cluster = PgCluster::shared();
+    let (table, publication) = ("cdc_auth", "hw_auth");
+    let mut sql = cluster.client();
+    sql.batch_execute(&format!(
+        "CREATE TABLE {table} (id int8 PRIMARY KEY, v int8); INSERT INTO {table} VALUES (1, 1);
+         CREATE PUBLICATION {publication} FOR TABLE {table};
+         CREATE ROLE hw_scram LOGIN REPLICATION PASSWORD 'scram-Secret1';
+         SET password_encryption = 'md5';
+         CREATE ROLE hw_md5 LOGIN REPLICATION PASSWORD 'md5-Secret2';
+         CREATE ROLE hw_plain LOGIN REPLICATION PASSWORD 'plain-Secret3';
+         GRANT SELECT ON {table} TO hw_scram, hw_md5, hw_plain;"
+    ))
+    .unwrap();
+    let users = [
+        ("hw_scram", "scram-Secret1", "scram-sha-256"),
+        ("hw_md5", "md5-Secret2", "md5"),
+        ("hw_plain", "plain-Secret3", "password"),
+    ];
+    for (user, _, method) in users {
+        cluster.require_password(user, method);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for (user, password, method) in users {
+        let mut config = config(&cluster, &[table], user);
+        config.url = cluster.url_as(user, password);
+        config.publication = publication.into();
+        let changes = read_directly(config, |changes, reader| !changes.is_empty() && reader.offset() > 0)
+            .unwrap_or_else(|e| panic!("{method}: {e}"));
+        assert_eq!(changes.len(), 1, "{method}");
+    }
+    for (user, _, _) in users {
+        drop_objects(&mut sql, user, publication, &[]);
+    }
+    drop_objects(&mut sql, "hw_auth_none", publication, &[table]);
+    for (user, _, _) in users {
+        sql.batch_execute(&format!("DROP OWNED BY {user}; DROP ROLE {user}")).unwrap();
+    }
 }

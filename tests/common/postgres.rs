@@ -141,6 +141,22 @@ impl PgCluster {
         self.running = false;
     }
 
+    /// Makes `user` authenticate with `method` (`md5`, `scram-sha-256`,
+    /// `password`) over TCP, ahead of the cluster's `trust` lines, and
+    /// reloads the configuration.
+    pub(crate) fn require_password(&self, user: &str, method: &str) {
+        let hba = self.data.join("pg_hba.conf");
+        let text = std::fs::read_to_string(&hba).expect("reading pg_hba.conf");
+        std::fs::write(&hba, format!("host all {user} 127.0.0.1/32 {method}\n{text}")).expect("writing pg_hba.conf");
+        let data = self.data.clone();
+        self.pg("pg_ctl", &["-D", path(&data), "reload"]);
+    }
+
+    /// The connection string for the `postgres` database as `user` with `password`.
+    pub(crate) fn url_as(&self, user: &str, password: &str) -> String {
+        format!("host=127.0.0.1 port={} user={user} password={password} dbname=postgres", self.port)
+    }
+
     /// The port.
     pub(crate) fn port(&self) -> u16 {
         self.port

@@ -73,12 +73,50 @@ pub(crate) struct Transaction {
     pub(crate) commit_lsn: u64,
     /// The LSN past its commit record.
     pub(crate) end_lsn: u64,
-    /// The commit time, ms since the epoch.
+    /// The commit time, ms since the epoch (raised by [`EventClock`] when
+    /// handed out).
     pub(crate) time: Timestamp,
     /// Its changes to the configured tables, in order.
     pub(crate) changes: Vec<Change>,
     /// Its changes that could not be decoded.
     pub(crate) dead: Vec<DeadLetter>,
+}
+
+/// Event times of the changes handed out, non-decreasing in delivery order.
+///
+/// A change's event time is its transaction's commit time, raised to the
+/// largest event time handed out before it (starting at the snapshot's
+/// time): `time = max(commit time, last time)`. Commit timestamps are taken
+/// before a transaction becomes visible and follow the server's clock, so
+/// they need not grow in commit (LSN) order, and a transaction the snapshot
+/// did not see may have committed "before" the snapshot's `now()`; a table
+/// that applies upserts in event-time order would then keep the older row.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct EventClock {
+    last: Timestamp,
+}
+
+impl EventClock {
+    /// A clock whose times start at `start`.
+    pub(crate) fn starting_at(start: Timestamp) -> Self {
+        EventClock { last: start }
+    }
+
+    /// The event time of a transaction that committed at `commit`; later
+    /// calls never return less.
+    pub(crate) fn stamp(&mut self, commit: Timestamp) -> Timestamp {
+        self.last = self.last.max(commit);
+        self.last
+    }
+
+    /// Gives `txn` and its changes their event time.
+    pub(crate) fn stamp_transaction(&mut self, txn: &mut Transaction) {
+        let time = self.stamp(txn.time);
+        txn.time = time;
+        for change in &mut txn.changes {
+            change.time = time;
+        }
+    }
 }
 
 /// A column as the stream describes it: its name and type (or the type's OID
@@ -354,6 +392,24 @@ mod tests {
     /// Feeds messages; returns the completed transactions.
     fn run(decoder: &mut Decoder, messages: &[Vec<u8>]) -> Vec<Transaction> {
         messages.iter().filter_map(|m| decoder.feed(m).unwrap()).collect()
+    }
+
+    #[test]
+    fn event_times_never_go_back() {
+        let mut clock = EventClock::starting_at(1_000);
+        assert_eq!([900, 1_000, 1_500, 1_200, 2_000].map(|t| clock.stamp(t)), [1_000, 1_000, 1_500, 1_500, 2_000]);
+        let mut txn = Transaction { time: 1_700, ..Transaction::default() };
+        txn.changes.push(Change {
+            table: "public.t".into(),
+            op: Op::Insert,
+            key: key(1),
+            before: None,
+            after: None,
+            time: 1_700,
+            lsn: 1,
+        });
+        clock.stamp_transaction(&mut txn);
+        assert_eq!((txn.time, txn.changes[0].time), (2_000, 2_000));
     }
 
     #[test]

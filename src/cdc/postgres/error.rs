@@ -35,16 +35,7 @@ impl From<postgres::Error> for Failure {
     /// start-up, resource shortages, a slot still held by a terminating
     /// backend) are retried; other server errors are fatal.
     fn from(error: postgres::Error) -> Failure {
-        let retry = error.is_closed()
-            || match error.code() {
-                None => true,
-                Some(code) => {
-                    let code = code.code();
-                    ["08", "40", "53", "57", "58"].iter().any(|class| code.starts_with(class))
-                        || code == "55006" // object in use: the slot is active in another (dying) backend
-                        || code == "55P03" // lock not available
-                }
-            };
+        let retry = error.is_closed() || error.code().is_none_or(|code| retryable_code(code.code()));
         if retry {
             Failure::Retry(error.to_string())
         } else {
@@ -54,4 +45,15 @@ impl From<postgres::Error> for Failure {
             })
         }
     }
+}
+
+/// Whether a server error with SQLSTATE `code` may go away by reconnecting:
+/// connection exceptions, transaction rollbacks (serialization failures,
+/// deadlocks), insufficient resources, operator intervention (shutdown,
+/// start-up), system errors, a slot still held by a terminating backend
+/// (object in use) and lock timeouts.
+pub(crate) fn retryable_code(code: &str) -> bool {
+    ["08", "40", "53", "57", "58"].iter().any(|class| code.starts_with(class))
+        || code == "55006" // object in use: the slot is active in another (dying) backend
+        || code == "55P03" // lock not available
 }

@@ -1,5 +1,5 @@
 //! PostgreSQL change data capture: logical decoding with the built-in
-//! `pgoutput` plugin, over an ordinary connection.
+//! `pgoutput` plugin, polled over an ordinary connection.
 //!
 //! [`PostgresSource`] is a [`Source`](crate::source::Source) of [`Change`](crate::cdc::Change)s
 //! with one partition. A background thread, owned by the partition's reader:
@@ -9,20 +9,30 @@
 //!    its primary key, its replica identity index, or with `REPLICA IDENTITY
 //!    FULL` and no primary key the whole row), and creates the publication
 //!    (or adds the missing tables to it);
-//! 2. creates a persistent replication slot (dropping an existing one) and
-//!    reads the tables in a `REPEATABLE READ` snapshot as [`Op::Read`](crate::cdc::Op::Read)
-//!    changes at the snapshot's `now()`; the stream then skips the
-//!    transactions that snapshot already saw, which makes the two exactly
-//!    consistent (the argument is in `snapshot.rs`). Opened with an offset
-//!    (an LSN from [`PartitionReader::offset`](crate::source::PartitionReader::offset)),
+//! 2. creates a persistent replication slot (dropping an existing one) over
+//!    a replication connection (`replication=database`, spoken by the source
+//!    itself: no TLS; trust, password, md5 or scram-sha-256 authentication;
+//!    the user needs the `REPLICATION` attribute) that exports the slot's
+//!    snapshot, and reads the tables in that snapshot as
+//!    [`Op::Read`](crate::cdc::Op::Read) changes at the reading
+//!    transaction's `now()`. The snapshot holds exactly the transactions
+//!    that committed before the slot's consistent point and the stream
+//!    exactly the others (the argument is in `snapshot.rs`). Opened with an
+//!    offset (an LSN from [`PartitionReader::offset`](crate::source::PartitionReader::offset)),
 //!    it instead resumes the existing slot after that LSN, without snapshot;
+//!    offset 0 (reported while the snapshot is read) takes a new snapshot;
 //! 3. polls `pg_logical_slot_peek_binary_changes` every
 //!    [`poll_interval`](PostgresConfig::poll_interval), parses the pgoutput
 //!    messages ([`pgoutput`]) and hands out whole transactions: all changes of
-//!    one transaction carry its commit time (ms since the epoch) and commit
-//!    LSN and leave in one `read` call, however many there are. Once handed
-//!    out, the slot is advanced past them (`pg_replication_slot_advance`) so
-//!    that the server can recycle its WAL;
+//!    one transaction carry the same event time and commit LSN and leave in
+//!    one `read` call, however many there are. The event time is the commit
+//!    time (ms since the epoch), raised to keep delivery order: it is the
+//!    largest of the commit times so far and the snapshot's time, so event
+//!    times never decrease and no change is older than the snapshot rows
+//!    (commit timestamps are taken before a transaction becomes visible and
+//!    follow a clock that may step back). Once handed out, the slot is
+//!    advanced past them (`pg_replication_slot_advance`) so that the server
+//!    can recycle its WAL;
 //! 4. when a poll finds nothing more, the source has caught up and its
 //!    watermark hint is the server's clock at that poll minus
 //!    [`watermark_margin`](PostgresConfig::watermark_margin): a transaction
@@ -44,14 +54,21 @@
 //! unchanged TOAST value without `REPLICA IDENTITY FULL`, see `changes.rs`)
 //! and `TRUNCATE`s go to the dead-letter output with the reason.
 //!
-//! Limitations: the slot is advanced as soon as changes are handed out, so a
-//! restart from an older offset cannot replay what lies before the slot; a
-//! connection lost during the initial snapshot ends the partition (start
-//! again without offset for a new snapshot); offsets taken during the
-//! snapshot are the slot's consistent point, and resuming from there may
-//! repeat transactions the snapshot already contained (harmless for the
-//! upserts of a table); each poll decodes the WAL from the slot's restart
-//! point, which a long-running transaction holds back.
+//! Offsets: the offset is the end LSN of the last transaction handed out
+//! (the consistent point right after the snapshot, 0 while the snapshot is
+//! read: resuming from 0 takes a new snapshot, as the rows not yet read
+//! would otherwise be lost). The slot is advanced as soon as changes are
+//! handed out, so only the latest offset can be resumed from: opening with
+//! an offset that the slot has already confirmed past (its
+//! `confirmed_flush_lsn` is greater) fails with an error naming both
+//! positions rather than silently skipping what lies between; start
+//! without offset to take a new snapshot then.
+//!
+//! Limitations: a connection lost during the initial snapshot ends the
+//! partition (start again without offset for a new snapshot); event times
+//! are monotone within one reader, and a reader resumed from an offset
+//! starts from the commit times again; each poll decodes the WAL from the
+//! slot's restart point, which a long-running transaction holds back.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -77,11 +94,13 @@
 //! });
 //! ```
 
+mod auth;
 mod catalog;
 mod changes;
 mod error;
 pub mod lsn;
 pub mod pgoutput;
+mod replication;
 mod snapshot;
 mod source;
 pub mod types;
@@ -115,8 +134,11 @@ pub struct PostgresConfig {
     pub poll_interval: Millis,
     /// At most this many messages per poll (whole transactions are always
     /// read, so a poll may return more). Each poll decodes the WAL again
-    /// from the slot's restart point, so large polls drain a backlog faster
-    /// (the rows are streamed, not held in memory).
+    /// from the slot's restart point, so large polls drain a backlog faster.
+    /// Messages are decoded as they arrive, but each transaction is held in
+    /// memory whole until its commit and handed out at once: a huge
+    /// transaction takes memory in proportion to its changes, the price of
+    /// handing out transactions atomically.
     #[serde(default = "defaults::max_changes_per_poll")]
     pub max_changes_per_poll: u32,
     /// Whether to read the tables' current rows first when starting without offset.

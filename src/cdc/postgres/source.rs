@@ -17,16 +17,20 @@ use crate::Timestamp;
 /// What the background thread sends to the reader.
 #[derive(Debug)]
 pub(crate) enum Msg {
-    /// Rows of the initial snapshot (offset: the slot's consistent point).
+    /// Rows of the initial snapshot (the offset stays 0: incomplete).
     Snapshot {
         /// The rows, as `Read` changes.
         changes: Vec<Change>,
         /// Rows that could not be decoded.
         dead: Vec<DeadLetter>,
+    },
+    /// The snapshot is complete (or was not wanted): the stream starts at
+    /// the slot's consistent point `lsn`, the offset from now on.
+    SnapshotDone {
         /// The slot's consistent point.
         lsn: u64,
     },
-    /// A committed transaction (possibly empty: one the snapshot contained).
+    /// A committed transaction (possibly without changes to the tables).
     Txn(Transaction),
     /// Everything committed before this time (server clock) was sent.
     CaughtUp(Timestamp),
@@ -64,9 +68,10 @@ pub struct PostgresStats {
     pub polls: u64,
     /// pgoutput messages received.
     pub messages: u64,
-    /// Transactions handed to the reader (including those skipped because the snapshot had them).
+    /// Transactions handed to the reader.
     pub transactions: u64,
-    /// Transactions skipped because the initial snapshot contained them.
+    /// Transactions decoded again after a reconnection (or before the
+    /// offset resumed from) and skipped because they were handed out before.
     pub skipped: u64,
     /// Row changes handed to the reader (snapshot rows included).
     pub changes: u64,
@@ -230,19 +235,20 @@ impl PartitionReader for PostgresReader {
         let (mut taken, mut any) = (0usize, false);
         while taken < max {
             match self.rx.try_recv() {
-                Ok(Msg::Snapshot { changes, dead: bad, lsn }) => {
+                Ok(Msg::Snapshot { changes, dead: bad }) => {
                     any |= !changes.is_empty() || !bad.is_empty();
                     taken += changes.len();
                     changes.into_iter().for_each(&mut *out);
                     dead.extend(bad);
-                    self.offset = lsn;
+                    self.offset = 0;
                 }
+                Ok(Msg::SnapshotDone { lsn }) => self.offset = lsn,
                 Ok(Msg::Txn(txn)) => {
                     any |= !txn.changes.is_empty() || !txn.dead.is_empty();
                     taken += txn.changes.len();
                     txn.changes.into_iter().for_each(&mut *out);
                     dead.extend(txn.dead);
-                    self.offset = txn.commit_lsn;
+                    self.offset = txn.end_lsn;
                     self.shared.handed_end.fetch_max(txn.end_lsn, Ordering::SeqCst);
                 }
                 Ok(Msg::CaughtUp(bound)) => self.hint = Some(self.hint.map_or(bound, |h| h.max(bound))),
@@ -265,8 +271,16 @@ impl PartitionReader for PostgresReader {
         Ok(if any { ReadStatus::Data } else { ReadStatus::Idle })
     }
 
-    /// The commit LSN of the last transaction handed out (during the
-    /// snapshot: the slot's consistent point).
+    /// The end LSN of the last transaction handed out: every transaction
+    /// committing before it was handed out. After the snapshot and before
+    /// any transaction: the slot's consistent point. While the snapshot is
+    /// being read: 0, "snapshot incomplete", from which
+    /// [`open`](Source::open) takes a new snapshot (as without offset).
+    ///
+    /// The slot is advanced to the offset as soon as the transactions are
+    /// handed out, so only the latest offset can be resumed from: opening
+    /// with an older one fails with an error (the slot has confirmed past
+    /// it and cannot replay what lies between), never silently loses data.
     fn offset(&self) -> Offset {
         self.offset
     }

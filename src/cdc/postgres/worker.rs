@@ -11,10 +11,11 @@ use postgres::fallible_iterator::FallibleIterator;
 use postgres::{Client, NoTls, SimpleQueryMessage};
 
 use super::catalog::{self, quote_ident};
-use super::changes::{decode_value, Decoder, TableInfo, Transaction};
+use super::changes::{decode_value, Decoder, EventClock, TableInfo, Transaction};
 use super::error::Failure;
-use super::lsn::{format_lsn, parse_lsn};
-use super::snapshot::{SnapshotFilter, XidSnapshot};
+use super::lsn::format_lsn;
+use super::replication::{CreatedSlot, ReplicationConnection};
+use super::snapshot::set_transaction_snapshot;
 use super::source::{Msg, Shared, Stats};
 use super::PostgresConfig;
 use crate::cdc::{Change, Op, Row};
@@ -42,15 +43,19 @@ pub(crate) struct Worker {
     shared: Arc<Shared>,
     stats: Arc<Stats>,
     tx: SyncSender<Msg>,
+    /// The offset to resume after (`None`: take a new snapshot).
     from: Option<u64>,
     phase: Phase,
-    /// The commit LSN of the last transaction sent to the reader.
-    last_sent: u64,
+    /// Transactions committing before this LSN were sent to the reader (or
+    /// are in the snapshot): the end LSN of the last transaction sent, the
+    /// consistent point after the snapshot, or the offset resumed from.
+    sent_before: u64,
     /// The end LSN of the last transaction sent.
     last_sent_end: u64,
     /// Where the slot was last advanced to.
     advanced: u64,
-    filter: Option<SnapshotFilter>,
+    /// Event times, non-decreasing in delivery order.
+    clock: EventClock,
     decoder: Decoder,
     origin: String,
 }
@@ -74,6 +79,8 @@ impl Worker {
         from: Option<u64>,
     ) -> Self {
         let origin = format!("postgres:{}", config.slot);
+        // Offset 0 is the one reported during the snapshot: take a new one.
+        let from = from.filter(|&f| f > 0);
         Worker {
             decoder: Decoder::new(&[], origin.clone()),
             config,
@@ -82,10 +89,10 @@ impl Worker {
             tx,
             from,
             phase: Phase::Start,
-            last_sent: from.unwrap_or(0),
+            sent_before: from.unwrap_or(0),
             last_sent_end: 0,
             advanced: 0,
-            filter: None,
+            clock: EventClock::default(),
             origin,
         }
     }
@@ -182,28 +189,29 @@ impl Worker {
         match self.phase {
             Phase::Start => match self.from {
                 Some(from) => {
-                    if catalog::slot_position(&mut client, &slot)?.is_none() {
-                        return Err(Failure::config(format!(
-                            "replication slot {slot} does not exist: cannot resume after {}; \
-                             start without offset to take a new snapshot",
-                            format_lsn(from)
-                        )));
-                    }
+                    check_resume(&slot, from, catalog::slot_position(&mut client, &slot)?)?;
                     tracing::info!(slot, from = %format_lsn(from), "resuming the replication slot");
                     self.phase = Phase::Stream;
                 }
                 None => {
                     catalog::drop_slot(&mut client, &slot)?;
-                    let consistent = catalog::create_slot(&mut client, &slot)?;
-                    if self.config.snapshot {
+                    let consistent = if self.config.snapshot {
+                        let mut replication = ReplicationConnection::connect(&self.config.url)?;
+                        let created = replication.create_slot(&slot)?;
+                        tracing::info!(
+                            slot, lsn = %format_lsn(created.consistent), snapshot = %created.snapshot,
+                            "created the replication slot with an exported snapshot"
+                        );
                         self.phase = Phase::Snapshot;
-                        if let Err(Ended::Stopped) = self.snapshot(&mut client, &tables, consistent)? {
-                            return Ok(Ended::Stopped);
+                        match self.snapshot(&mut client, replication, &tables, &created)? {
+                            Ok(()) => created.consistent,
+                            Err(Ended::Stopped) => return Ok(Ended::Stopped),
                         }
-                    } else if self
-                        .send(Msg::Snapshot { changes: Vec::new(), dead: Vec::new(), lsn: consistent })
-                        .is_err()
-                    {
+                    } else {
+                        catalog::create_slot(&mut client, &slot)?
+                    };
+                    self.sent_before = consistent;
+                    if self.send(Msg::SnapshotDone { lsn: consistent }).is_err() {
                         return Ok(Ended::Stopped);
                     }
                     self.phase = Phase::Stream;
@@ -219,37 +227,34 @@ impl Worker {
         self.stream(&mut client)
     }
 
-    /// Reads the tables in a `REPEATABLE READ` snapshot and sends them;
-    /// remembers which transactions the snapshot saw.
+    /// Reads the tables in the slot's exported snapshot and sends them
+    /// (see `snapshot.rs`); closes the replication connection once the
+    /// snapshot is imported.
     fn snapshot(
         &mut self,
         client: &mut Client,
+        replication: ReplicationConnection,
         tables: &[TableInfo],
-        consistent: u64,
+        created: &CreatedSlot,
     ) -> Result<Result<(), Ended>, Failure> {
+        let (consistent, exported) = (created.consistent, created.snapshot.as_str());
         let bad = |what: &str| Failure::invalid("reading the snapshot", format!("unexpected result of {what}"));
+        let set_snapshot = set_transaction_snapshot(exported)
+            .ok_or_else(|| Failure::invalid("creating the slot", format!("bad snapshot name {exported:?}")))?;
         client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")?;
-        // The first statement takes the transaction's snapshot.
-        let rows =
-            simple_rows(client.simple_query(
-                "SELECT pg_current_snapshot()::text, floor(extract(epoch FROM now()) * 1000)::int8::text",
-            )?);
-        let first = rows.first().ok_or_else(|| bad("pg_current_snapshot"))?;
-        let snapshot = first.first().and_then(|s| s.as_deref()).and_then(XidSnapshot::parse);
-        let now: Option<i64> = first.get(1).and_then(|s| s.as_deref()).and_then(|s| s.parse().ok());
-        let (Some(snapshot), Some(now)) = (snapshot, now) else { return Err(bad("pg_current_snapshot")) };
-        let rows = simple_rows(client.simple_query("SELECT pg_current_wal_insert_lsn()::text")?);
-        let until_lsn = rows
+        client.batch_execute(&set_snapshot)?;
+        let rows = simple_rows(client.simple_query("SELECT floor(extract(epoch FROM now()) * 1000)::int8::text")?);
+        let now: i64 = rows
             .first()
             .and_then(|r| r.first())
             .and_then(|s| s.as_deref())
-            .and_then(parse_lsn)
-            .ok_or_else(|| bad("pg_current_wal_insert_lsn"))?;
-        tracing::info!(
-            slot = %self.config.slot, xmin = snapshot.xmin, xmax = snapshot.xmax, in_progress = snapshot.xip.len(),
-            "taking the initial snapshot"
-        );
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad("now()"))?;
+        // The transaction holds the snapshot now: the exporting session may end.
+        drop(replication);
+        tracing::info!(slot = %self.config.slot, snapshot = exported, "taking the initial snapshot");
         let time = u64::try_from(now).unwrap_or(0);
+        self.clock = EventClock::starting_at(time);
         for table in tables {
             let columns: Vec<String> = table.columns.iter().map(|c| quote_ident(&c.name)).collect();
             client.batch_execute(&format!(
@@ -303,7 +308,7 @@ impl Worker {
                 self.stats.changes.fetch_add(changes.len() as u64, Ordering::Relaxed);
                 let done = rows.len() < self.config.snapshot_batch as usize;
                 if !changes.is_empty() || !dead.is_empty() || done {
-                    if let Err(stopped) = self.send(Msg::Snapshot { changes, dead, lsn: consistent }) {
+                    if let Err(stopped) = self.send(Msg::Snapshot { changes, dead }) {
                         return Ok(Err(stopped));
                     }
                 }
@@ -315,8 +320,6 @@ impl Worker {
             tracing::info!(table = %table.name, rows = read, "snapshot read");
         }
         client.batch_execute("COMMIT")?;
-        self.filter = Some(SnapshotFilter { snapshot, until_lsn });
-        self.last_sent = self.last_sent.max(consistent);
         Ok(Ok(()))
     }
 
@@ -391,27 +394,42 @@ impl Worker {
         }
     }
 
-    /// Sends a decoded transaction, unless it was sent before or the snapshot has it.
+    /// Sends a decoded transaction, unless it was sent before (or lies
+    /// before the offset resumed from), with its event time raised to keep
+    /// delivery order (see [`EventClock`]).
     fn deliver(&mut self, mut txn: Transaction) -> Result<(), Ended> {
-        if txn.commit_lsn <= self.last_sent {
-            tracing::trace!(lsn = %format_lsn(txn.commit_lsn), "skipping a transaction already sent");
+        if txn.commit_lsn < self.sent_before {
+            tracing::trace!(xid = txn.xid, lsn = %format_lsn(txn.commit_lsn), "skipping a transaction already sent");
+            self.stats.skipped.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
-        if let Some(filter) = &self.filter {
-            if txn.commit_lsn >= filter.until_lsn {
-                self.filter = None;
-            } else if filter.contains(txn.xid, txn.commit_lsn) {
-                tracing::debug!(xid = txn.xid, lsn = %format_lsn(txn.commit_lsn), "skipping a transaction the snapshot saw");
-                txn.changes.clear();
-                txn.dead.clear();
-                self.stats.skipped.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.last_sent = txn.commit_lsn;
+        self.clock.stamp_transaction(&mut txn);
+        self.sent_before = txn.end_lsn;
         self.last_sent_end = txn.end_lsn;
         self.stats.transactions.fetch_add(1, Ordering::Relaxed);
         self.stats.changes.fetch_add(txn.changes.len() as u64, Ordering::Relaxed);
         self.send(Msg::Txn(txn))
+    }
+}
+
+/// Checks that the slot can resume after offset `from`: it exists and has
+/// not confirmed anything past `from` (the slot cannot go back, so the
+/// transactions between would be lost).
+fn check_resume(slot: &str, from: u64, confirmed: Option<u64>) -> Result<(), Failure> {
+    match confirmed {
+        None => Err(Failure::config(format!(
+            "replication slot {slot} does not exist: cannot resume after {}; \
+             start without offset to take a new snapshot",
+            format_lsn(from)
+        ))),
+        Some(confirmed) if confirmed > from => Err(Failure::config(format!(
+            "replication slot {slot} is already at {}, past the offset {} to resume after: \
+             the changes between were handed out before and the slot no longer has them; \
+             resume from the latest offset, or start without offset to take a new snapshot",
+            format_lsn(confirmed),
+            format_lsn(from)
+        ))),
+        Some(_) => Ok(()),
     }
 }
 
@@ -426,4 +444,20 @@ fn simple_rows(messages: Vec<SimpleQueryMessage>) -> Vec<Vec<Option<String>>> {
             _ => None,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resuming_checks_the_slot() {
+        assert!(check_resume("s", 0x100, Some(0x100)).is_ok());
+        assert!(check_resume("s", 0x100, Some(0x80)).is_ok());
+        let message = |r: Result<(), Failure>| r.unwrap_err().to_string();
+        let e = message(check_resume("s", 0x100, Some(0x180)));
+        assert!(e.contains("replication slot s is already at 0/180, past the offset 0/100"), "{e}");
+        let e = message(check_resume("s", 0x100, None));
+        assert!(e.contains("replication slot s does not exist"), "{e}");
+    }
 }

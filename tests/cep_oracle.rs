@@ -12,8 +12,9 @@
 //!   second one's step (strict: none; relaxed: none satisfies that step's
 //!   condition; non-deterministic: any), `not_next` forbids the first event
 //!   after the previous step, `not_followed_by` any skipped event;
-//! - a greedy repeated step is not left with an event it could take; a
-//!   reluctant one (past its minimum) does not take an event a next step could;
+//! - a greedy repeated step is left only with a maximal run (no event it
+//!   could take is skipped or taken by the next step); a reluctant one (past
+//!   its minimum) does not take an event a next step could;
 //! - all events lie less than `within` after the first; a trailing
 //!   `not_followed_by` holds until the end of that bound.
 //!
@@ -258,7 +259,11 @@ impl Reference<'_> {
         let (targets, _) = self.closure(Some(at));
         let Some((_, crossed)) = targets.iter().find(|(j, _)| *j == step) else { return false };
         let s = &steps[at];
-        if s.greed == GreedDesc::Greedy && s.max.is_none_or(|m| count < m) && self.pred(at, x, ctx) {
+        if s.greed == GreedDesc::Greedy
+            && s.max.is_none_or(|m| count < m)
+            && (self.pred(at, x, ctx) || skipped.iter().any(|y| self.pred(at, y, ctx)))
+        {
+            // A greedy step is left only with a maximal run of its events.
             return false;
         }
         let first_after = skipped.first().unwrap_or(x);
@@ -359,9 +364,13 @@ impl Reference<'_> {
             }
             if count >= s.min {
                 let (targets, _) = self.closure(Some(at));
+                let greedy = s.greed == GreedDesc::Greedy && s.max.is_none_or(|m| count < m);
                 for (j, crossed) in targets {
                     let ok = later.iter().enumerate().all(|(pos, i)| {
                         let y = &self.events[*i];
+                        if greedy && self.pred(at, y, &taken) {
+                            return false;
+                        }
                         let negated = crossed.iter().any(|nn| match self.d.steps[*nn].kind {
                             Kind::NotNext => pos == 0 && self.pred(*nn, y, &taken),
                             _ => self.pred(*nn, y, &taken),

@@ -46,7 +46,8 @@ pub(crate) struct Run<E> {
     forbid_next: SmallVec<[usize; 1]>,
     /// `not_followed_by` steps no skipped event may satisfy.
     forbid_between: SmallVec<[usize; 1]>,
-    /// Greedy loop step whose events this `Enter` run may not take.
+    /// Greedy loop step whose events this `Enter` run may neither take nor
+    /// skip (the loop takes them: it is left only with a maximal run).
     greedy_guard: Option<usize>,
     /// Steps whose events this reluctant `Continue` run may not take.
     reluctant_guard: SmallVec<[usize; 1]>,
@@ -347,7 +348,7 @@ impl<E: Clone> Matcher<E> {
                 Contiguity::Strict => false,
                 Contiguity::Relaxed => !matches_step,
                 Contiguity::NonDeterministic => true,
-            };
+            } && !run.greedy_guard.is_some_and(|g| self.holds(g, &event, &taken));
             if may_skip && !run.forbid_between.iter().any(|n| self.holds(*n, &event, &taken)) {
                 run.forbid_next.clear();
                 next.push(run);

@@ -59,7 +59,10 @@ pub enum Contiguity {
 pub enum Greed {
     /// Both: every choice makes its own partial match (the default).
     Both,
-    /// As many as possible: an event the step can take is not used to move on.
+    /// As many as possible: the step is left only when the event after its
+    /// last one that the step could take (if any) is taken by the next step;
+    /// an event the step can take is never used to move on, nor skipped by a
+    /// partial match that moved on.
     Greedy,
     /// As few as possible: once the step has its minimum, an event the next
     /// step can take is not taken by this one.

@@ -834,14 +834,20 @@ fn the_replication_connection_authenticates_with_passwords() {
         "CREATE TABLE {table} (id int8 PRIMARY KEY, v int8); INSERT INTO {table} VALUES (1, 1);
          CREATE PUBLICATION {publication} FOR TABLE {table};
          CREATE ROLE hw_scram LOGIN REPLICATION PASSWORD 'scram-Secret1';
+         CREATE ROLE hw_saslprep LOGIN REPLICATION PASSWORD 'scram-\u{fb01}\u{2163}';
          SET password_encryption = 'md5';
          CREATE ROLE hw_md5 LOGIN REPLICATION PASSWORD 'md5-Secret2';
          CREATE ROLE hw_plain LOGIN REPLICATION PASSWORD 'plain-Secret3';
-         GRANT SELECT ON {table} TO hw_scram, hw_md5, hw_plain;"
+         GRANT SELECT ON {table} TO hw_scram, hw_saslprep, hw_md5, hw_plain;"
     ))
     .unwrap();
+    // The server applies SASLprep (NFKC: the ligature U+FB01 is "fi", the
+    // Roman numeral U+2163 "IV") to a SCRAM password before hashing it: the
+    // client must too, and then the raw and the prepared password both work.
     let users = [
         ("hw_scram", "scram-Secret1", "scram-sha-256"),
+        ("hw_saslprep", "scram-\u{fb01}\u{2163}", "scram-sha-256"),
+        ("hw_saslprep", "scram-fiIV", "scram-sha-256"),
         ("hw_md5", "md5-Secret2", "md5"),
         ("hw_plain", "plain-Secret3", "password"),
     ];
@@ -854,14 +860,27 @@ fn the_replication_connection_authenticates_with_passwords() {
         config.url = cluster.url_as(user, password);
         config.publication = publication.into();
         let changes = read_directly(config, |changes, reader| !changes.is_empty() && reader.offset() > 0)
-            .unwrap_or_else(|e| panic!("{method}: {e}"));
-        assert_eq!(changes.len(), 1, "{method}");
+            .unwrap_or_else(|e| panic!("{method} ({user}, {password}): {e}"));
+        assert_eq!(changes.len(), 1, "{method} ({user}, {password})");
+        // The replication connection created the slot (the next login of
+        // the same user replaces it).
+        let slots: i64 =
+            sql.query_one("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", &[&user]).unwrap().get(0);
+        assert_eq!(slots, 1, "{method} ({user})");
+    }
+    // A wrong password fails clearly rather than hanging or retrying forever.
+    for (user, method) in [("hw_scram", "scram-sha-256"), ("hw_md5", "md5"), ("hw_plain", "password")] {
+        let mut config = config(&cluster, &[table], "hw_auth_wrong");
+        config.url = cluster.url_as(user, "wrong");
+        config.publication = publication.into();
+        let e = read_directly(config, |_, _| false).unwrap_err();
+        assert!(e.contains("password authentication failed"), "{method}: {e}");
     }
     for (user, _, _) in users {
         drop_objects(&mut sql, user, publication, &[]);
     }
     drop_objects(&mut sql, "hw_auth_none", publication, &[table]);
-    for (user, _, _) in users {
+    for user in ["hw_scram", "hw_saslprep", "hw_md5", "hw_plain"] {
         sql.batch_execute(&format!("DROP OWNED BY {user}; DROP ROLE {user}")).unwrap();
     }
 }

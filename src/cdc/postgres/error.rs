@@ -36,13 +36,16 @@ impl From<postgres::Error> for Failure {
     /// backend) are retried; other server errors are fatal.
     fn from(error: postgres::Error) -> Failure {
         let retry = error.is_closed() || error.code().is_none_or(|code| retryable_code(code.code()));
+        // The error's own text is only its kind ("db error"): the server's
+        // message (a failed login, a missing object) is its source.
+        let text = match std::error::Error::source(&error) {
+            Some(source) => format!("{error}: {source}"),
+            None => error.to_string(),
+        };
         if retry {
-            Failure::Retry(error.to_string())
+            Failure::Retry(text)
         } else {
-            Failure::Fatal(SourceError::Io {
-                what: "postgres".to_owned(),
-                source: std::io::Error::other(error.to_string()),
-            })
+            Failure::Fatal(SourceError::Io { what: "postgres".to_owned(), source: std::io::Error::other(text) })
         }
     }
 }

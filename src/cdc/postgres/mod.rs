@@ -94,7 +94,6 @@
 //! });
 //! ```
 
-mod auth;
 mod catalog;
 mod changes;
 mod error;

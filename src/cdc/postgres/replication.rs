@@ -4,8 +4,10 @@
 //! The `postgres` crate cannot open a replication session (it sends no
 //! `replication` start-up parameter), so this speaks the few messages needed
 //! itself, over TCP or a Unix socket, without TLS like the rest of the
-//! source: start-up, authentication (trust, cleartext, MD5, SCRAM-SHA-256:
-//! `auth.rs`) and one simple query, `CREATE_REPLICATION_SLOT … LOGICAL
+//! source: start-up, authentication (trust, cleartext, MD5, SCRAM-SHA-256;
+//! the hashing and the SCRAM exchange, with SASLprep of the password, are
+//! the `postgres-protocol` crate's, as in the `postgres` client) and one
+//! simple query, `CREATE_REPLICATION_SLOT … LOGICAL
 //! pgoutput EXPORT_SNAPSHOT`. The exported snapshot stays valid while the
 //! connection is open and runs no other command; `snapshot.rs` says why it
 //! makes the snapshot and the stream exactly consistent.
@@ -16,8 +18,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use postgres::config::{Host, SslMode};
+use postgres_protocol::authentication::md5_hash;
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
 
-use super::auth::{md5_password, Scram};
 use super::error::Failure;
 use super::lsn::parse_lsn;
 
@@ -210,7 +213,7 @@ impl ReplicationConnection {
         self.send(None, &body)?;
         let password =
             || config.get_password().ok_or_else(|| Failure::config("the server asks for a password and none is given"));
-        let mut scram: Option<Scram> = None;
+        let mut scram = ScramState::NotBegun;
         loop {
             let (tag, body) = self.receive()?;
             match tag {
@@ -218,7 +221,17 @@ impl ReplicationConnection {
                     let mut reader = Reader::new(&body);
                     let code = reader.i32()?;
                     match code {
-                        0 => {}
+                        0 => {
+                            // A SCRAM exchange ends with the server's proof
+                            // that it knows the password: without it, the
+                            // server is not who it claims to be.
+                            if matches!(scram, ScramState::Started(_)) {
+                                return Err(Failure::invalid(
+                                    "SCRAM authentication",
+                                    "the server accepted the login without proving it knows the password",
+                                ));
+                            }
+                        }
                         3 => {
                             let mut answer = password()?.to_vec();
                             answer.push(0);
@@ -227,7 +240,7 @@ impl ReplicationConnection {
                         5 => {
                             let salt = reader.take(4)?;
                             let salt = [salt[0], salt[1], salt[2], salt[3]];
-                            let mut answer = md5_password(user, password()?, salt).into_bytes();
+                            let mut answer = md5_hash(user.as_bytes(), password()?, salt).into_bytes();
                             answer.push(0);
                             self.send(Some(b'p'), &answer)?;
                         }
@@ -236,32 +249,36 @@ impl ReplicationConnection {
                             while let Some(m) = reader.cstr().ok().filter(|m| !m.is_empty()) {
                                 mechanisms.push(m);
                             }
-                            if !mechanisms.iter().any(|m| m == Scram::MECHANISM) {
+                            if !mechanisms.iter().any(|m| m == SCRAM_SHA_256) {
                                 return Err(Failure::config(format!(
                                     "replication connection: the server offers SASL mechanisms {mechanisms:?}, \
-                                     none of which is supported ({})",
-                                    Scram::MECHANISM
+                                     none of which is supported ({SCRAM_SHA_256})"
                                 )));
                             }
-                            let exchange = Scram::new(password()?);
-                            let first = exchange.client_first();
-                            let mut answer = Scram::MECHANISM.as_bytes().to_vec();
+                            // Without TLS there is no channel to bind to: the
+                            // client says it does not support binding ("n").
+                            let exchange = ScramSha256::new(password()?, ChannelBinding::unsupported());
+                            let first = exchange.message();
+                            let mut answer = SCRAM_SHA_256.as_bytes().to_vec();
                             answer.push(0);
                             answer.extend_from_slice(&(first.len() as i32).to_be_bytes());
-                            answer.extend_from_slice(first.as_bytes());
+                            answer.extend_from_slice(first);
                             self.send(Some(b'p'), &answer)?;
-                            scram = Some(exchange);
+                            scram = ScramState::Started(exchange);
                         }
                         11 => {
-                            let exchange = scram.as_mut().ok_or_else(|| unexpected("SASLContinue"))?;
-                            let last = exchange
-                                .client_final(reader.rest())
-                                .map_err(|e| Failure::invalid("SCRAM authentication", e))?;
-                            self.send(Some(b'p'), last.as_bytes())?;
+                            let ScramState::Started(exchange) = &mut scram else {
+                                return Err(unexpected("SASLContinue"));
+                            };
+                            exchange.update(reader.rest()).map_err(|e| Failure::invalid("SCRAM authentication", e))?;
+                            self.send(Some(b'p'), exchange.message())?;
                         }
                         12 => {
-                            let exchange = scram.as_ref().ok_or_else(|| unexpected("SASLFinal"))?;
-                            exchange.verify(reader.rest()).map_err(|e| Failure::invalid("SCRAM authentication", e))?;
+                            let ScramState::Started(exchange) = &mut scram else {
+                                return Err(unexpected("SASLFinal"));
+                            };
+                            exchange.finish(reader.rest()).map_err(|e| Failure::invalid("SCRAM authentication", e))?;
+                            scram = ScramState::Verified;
                         }
                         other => {
                             return Err(Failure::config(format!(
@@ -328,6 +345,16 @@ impl ReplicationConnection {
         let snapshot = row.get(2).and_then(|v| v.clone()).ok_or_else(bad)?;
         Ok(CreatedSlot { consistent, snapshot })
     }
+}
+
+/// Where a SCRAM exchange is.
+enum ScramState {
+    /// None begun.
+    NotBegun,
+    /// Begun, the server not yet verified.
+    Started(ScramSha256),
+    /// The server proved that it knows the password.
+    Verified,
 }
 
 fn unexpected(what: &str) -> Failure {
@@ -416,6 +443,116 @@ mod tests {
         let e = parse_error(b"C08006\0Mgone");
         assert_eq!((e.code.as_str(), e.message.as_str()), ("08006", ""));
         assert!(matches!(server_failure(e), Failure::Retry(_)));
+    }
+
+    /// A fake server on 127.0.0.1 for one client: reads the start-up
+    /// message and hands the connection to `script`.
+    fn fake_server<T: Send + 'static>(
+        script: impl FnOnce(&mut TcpStream) -> T + Send + 'static,
+    ) -> (String, std::thread::JoinHandle<T>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut length = [0u8; 4];
+            s.read_exact(&mut length).unwrap();
+            let mut startup = vec![0u8; u32::from_be_bytes(length) as usize - 4];
+            s.read_exact(&mut startup).unwrap();
+            let result = script(&mut s);
+            // Let the client read everything before the connection closes.
+            let _ = s.read(&mut [0u8; 1]);
+            result
+        });
+        (format!("host=127.0.0.1 port={port} user=md5_user password=password connect_timeout=5"), server)
+    }
+
+    /// Reads a password message (`p`) from the client.
+    fn answer(s: &mut TcpStream) -> Vec<u8> {
+        let mut header = [0u8; 5];
+        s.read_exact(&mut header).unwrap();
+        assert_eq!(header[0], b'p');
+        let mut body = vec![0u8; u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize - 4];
+        s.read_exact(&mut body).unwrap();
+        body
+    }
+
+    fn auth(s: &mut TcpStream, code: i32, rest: &[u8]) {
+        let mut m = vec![b'R'];
+        m.extend_from_slice(&(rest.len() as i32 + 8).to_be_bytes());
+        m.extend_from_slice(&code.to_be_bytes());
+        m.extend_from_slice(rest);
+        s.write_all(&m).unwrap();
+    }
+
+    fn ok_and_ready(s: &mut TcpStream) {
+        auth(s, 0, b"");
+        s.write_all(&[b'Z', 0, 0, 0, 5, b'I']).unwrap();
+    }
+
+    #[test]
+    fn trust_cleartext_and_md5_logins() {
+        let (url, server) = fake_server(ok_and_ready);
+        drop(ReplicationConnection::connect(&url).unwrap());
+        server.join().unwrap();
+
+        let (url, server) = fake_server(|s| {
+            auth(s, 3, b"");
+            let password = answer(s);
+            ok_and_ready(s);
+            password
+        });
+        drop(ReplicationConnection::connect(&url).unwrap());
+        assert_eq!(server.join().unwrap(), b"password\0");
+
+        // postgres-protocol's own vector: user md5_user, password "password".
+        let (url, server) = fake_server(|s| {
+            auth(s, 5, &[0x2a, 0x3d, 0x8f, 0xe0]);
+            let hash = answer(s);
+            ok_and_ready(s);
+            hash
+        });
+        drop(ReplicationConnection::connect(&url).unwrap());
+        assert_eq!(server.join().unwrap(), b"md562af4dd09bbb41884907a838a3233294\0");
+    }
+
+    /// Runs a SCRAM exchange up to the client's proof, then `end`. Returns
+    /// the client's initial response and final message.
+    fn scram_exchange(end: fn(&mut TcpStream)) -> (Result<ReplicationConnection, Failure>, (Vec<u8>, Vec<u8>)) {
+        let (url, server) = fake_server(move |s| {
+            auth(s, 10, b"SCRAM-SHA-256-PLUS\0SCRAM-SHA-256\0\0");
+            let initial = answer(s);
+            let first = String::from_utf8(initial[initial.len() - 32..].to_vec()).unwrap();
+            let nonce = first.split_once("r=").unwrap().1.to_owned();
+            auth(s, 11, format!("r={nonce}server,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096").as_bytes());
+            let last = answer(s);
+            end(s);
+            (initial, last)
+        });
+        let connection = ReplicationConnection::connect(&url);
+        (connection, server.join().unwrap())
+    }
+
+    #[test]
+    fn scram_requires_the_server_to_prove_it_knows_the_password() {
+        // The client asks for SCRAM-SHA-256 without channel binding ("n,,":
+        // there is no TLS), leaves the user name to the start-up message and
+        // answers with a proof.
+        let (result, (initial, last)) = scram_exchange(|s| {
+            auth(s, 12, b"v=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=");
+        });
+        let prefix = b"SCRAM-SHA-256\0";
+        assert_eq!(&initial[..prefix.len()], prefix);
+        let first = std::str::from_utf8(&initial[prefix.len() + 4..]).unwrap();
+        assert!(first.starts_with("n,,n=,r="), "{first}");
+        let last = std::str::from_utf8(&last).unwrap();
+        assert!(last.starts_with("c=biws,r=") && last.contains("server,p="), "{last}");
+        // A wrong server signature is refused.
+        let e = result.unwrap_err().to_string();
+        assert!(e.contains("SCRAM"), "{e}");
+        // So is a login accepted without the server's signature.
+        let (result, _) = scram_exchange(ok_and_ready);
+        let e = result.unwrap_err().to_string();
+        assert!(e.contains("without proving"), "{e}");
     }
 
     #[test]

@@ -4,12 +4,14 @@
 //! (ms since the epoch) and whose frontiers are watermarks. This crate holds
 //! the runtime around the operators of [`highwater_operators`]: watermarks at
 //! the sources ([`time`]), sources and sinks ([`source`], [`sink`]), dead
-//! letters, cluster start-up ([`cluster`]), the Nexmark benchmark
-//! ([`nexmark`]) and the `highwater` command line ([`cli`]).
+//! letters, cluster start-up ([`cluster`]), CEP patterns in text ([`cep`]),
+//! the Nexmark benchmark ([`nexmark`]) and the `highwater` command line
+//! ([`cli`]).
 
 #![forbid(missing_docs)]
 
 pub mod cdc;
+pub mod cep;
 pub mod cli;
 pub mod cluster;
 pub mod dead_letter;

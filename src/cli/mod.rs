@@ -5,11 +5,13 @@
 //! highwater nexmark --query q7 --input events.jsonl --output q7.csv
 //! highwater demo --events 20000000
 //! highwater generate --events 5000000 --output events.jsonl
+//! highwater cep --pattern rules.cep --input events.jsonl --key user --timeouts -- -w 2
 //! ```
 //!
 //! Timely's own arguments (`-w` threads, `-n` processes, `-p` process index,
 //! `-h` host file) follow `--`.
 
+mod cep;
 mod demo;
 mod generate;
 mod nexmark;
@@ -17,7 +19,7 @@ mod progress;
 
 use clap::{Parser, Subcommand};
 
-/// Event-stream processing on timely dataflow: Nexmark, the demo, tools.
+/// Event-stream processing on timely dataflow: Nexmark, CEP, the demo, tools.
 #[derive(Debug, Parser)]
 #[command(name = "highwater", version, about)]
 pub struct Cli {
@@ -36,6 +38,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Writes Nexmark events as JSON Lines.
     Generate(generate::GenerateArgs),
+    /// Matches a CEP pattern (PATTERN … DEFINE …) against JSON Lines events; matches out as JSON Lines.
+    Cep(cep::CepArgs),
 }
 
 /// Runs the command line; returns the process exit code.
@@ -48,6 +52,7 @@ pub fn main() -> i32 {
         Command::Nexmark(args) => nexmark::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Generate(args) => generate::run(args),
+        Command::Cep(args) => cep::run(args),
     };
     match result {
         Ok(()) => 0,

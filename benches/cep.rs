@@ -8,7 +8,7 @@
 //! same run: the same events exchanged by key and mapped, without matching.
 //!
 //! - `login`: `fail+ (greedy) followed_by reset within 60 s`, skip past last
-//!   event; events are 70 % failed logins, 25 % successful ones, 5 % resets.
+//!   event; events are 15 % failed logins, 80 % successful ones, 5 % resets.
 //! - `fraud`: `small followed_by_any large within 10 min` where `small` is an
 //!   amount under 10 and `large` over 500 from another country than the small
 //!   one; amounts and countries random.
@@ -153,8 +153,8 @@ fn run(mode: Mode, o: &Options, workers: usize) -> (f64, u64, Vec<f64>) {
             for _ in 0..n {
                 let r = rng.next();
                 let kind = match r % 100 {
-                    0..70 => FAIL,
-                    70..95 => 1,
+                    0..15 => FAIL,
+                    15..95 => 1,
                     _ => RESET,
                 };
                 let amount = ((r >> 8) % 1000) as u32;

@@ -102,7 +102,7 @@ pub struct Matches<'scope, K: 'static, E: 'static> {
 
 fn to_match<K, E: Clone>(key: K, names: &[Arc<str>], found: &Found<E>) -> Match<K, E> {
     let mut steps: Vec<(Arc<str>, Vec<E>)> = Vec::new();
-    for t in found.taken.iter() {
+    for t in found.taken.to_vec() {
         match steps.last_mut() {
             Some((n, events)) if Arc::ptr_eq(n, &names[t.step]) => events.push(t.event.clone()),
             _ => steps.push((Arc::clone(&names[t.step]), vec![t.event.clone()])),
@@ -193,16 +193,18 @@ impl<'scope, E: Data> EventStream<'scope, E> {
                         for f in found_matches.drain(..) {
                             matches.session(&hold.at(emit_at)).give((to_match(k.clone(), &names, &f), f.time, 1));
                         }
-                        match keyed.state.next_expiry(within) {
-                            Some(next) if next < keyed.timer => {
+                        // A timer already set is early enough: new runs start later.
+                        let next = if keyed.timer == Timestamp::MAX { keyed.state.next_expiry(within) } else { None };
+                        match next {
+                            Some(next) => {
                                 keyed.timer = next;
                                 hold.promise(next - 1);
                                 timers.entry(next).or_default().push(k);
                             }
-                            None if keyed.state.is_idle() => {
+                            None if keyed.timer == Timestamp::MAX && keyed.state.is_idle() => {
                                 keys.remove(&k);
                             }
-                            _ => {}
+                            None => {}
                         }
                     }
                     hold.remove(emit_at);

@@ -28,6 +28,30 @@ pub(crate) struct Taken<E> {
     pub(crate) event: E,
 }
 
+/// The events a partial match has taken, newest first: a persistent list, so
+/// that a partial match that takes one more event shares the others.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Node<E> {
+    pub(crate) taken: Taken<E>,
+    pub(crate) prev: Option<Rc<Node<E>>>,
+    /// The first event's position and time.
+    start: (u64, Timestamp),
+}
+
+impl<E> Node<E> {
+    /// The taken events, oldest first.
+    pub(crate) fn to_vec(&self) -> Vec<&Taken<E>> {
+        let mut out = Vec::new();
+        let mut node = Some(self);
+        while let Some(n) = node {
+            out.push(&n.taken);
+            node = n.prev.as_deref();
+        }
+        out.reverse();
+        out
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum Target {
     Continue { step: usize, count: u32 },
@@ -40,7 +64,7 @@ enum Target {
 pub(crate) struct Run<E> {
     /// Identifies the taken events: runs that branched from one take share it.
     node: u64,
-    taken: Rc<Vec<Taken<E>>>,
+    taken: Rc<Node<E>>,
     target: Target,
     /// `not_next` steps the next event must not satisfy.
     forbid_next: SmallVec<[usize; 1]>,
@@ -57,17 +81,17 @@ pub(crate) struct Run<E> {
 
 impl<E> Run<E> {
     fn start_seq(&self) -> u64 {
-        self.taken[0].seq
+        self.taken.start.0
     }
     fn start_time(&self) -> Timestamp {
-        self.taken[0].time
+        self.taken.start.1
     }
 }
 
 /// A match or a timed-out partial match, as taken events.
 #[derive(Clone, Debug)]
 pub(crate) struct Found<E> {
-    pub(crate) taken: Rc<Vec<Taken<E>>>,
+    pub(crate) taken: Rc<Node<E>>,
     /// The event time the result goes out at.
     pub(crate) time: Timestamp,
 }
@@ -110,12 +134,23 @@ struct Branches<E> {
 pub(crate) struct Matcher<E> {
     pattern: Pattern<E>,
     names: Vec<Arc<str>>,
+    /// The steps a match can begin with.
+    starts: Vec<usize>,
 }
 
 impl<E: Clone> Matcher<E> {
     pub(crate) fn new(pattern: Pattern<E>) -> Self {
         let names = pattern.steps.iter().map(|s| Arc::clone(&s.name)).collect();
-        Matcher { pattern, names }
+        let mut starts = Vec::new();
+        for (i, s) in pattern.steps.iter().enumerate() {
+            if s.kind == StepKind::Take {
+                starts.push(i);
+                if s.min > 0 {
+                    break;
+                }
+            }
+        }
+        Matcher { pattern, names, starts }
     }
 
     pub(crate) fn names(&self) -> &[Arc<str>] {
@@ -126,13 +161,13 @@ impl<E: Clone> Matcher<E> {
         self.pattern.within
     }
 
-    fn holds(&self, step: usize, event: &E, taken: &[Taken<E>]) -> bool {
-        (self.pattern.steps[step].predicate)(event, &Matched { names: &self.names, taken })
+    fn holds(&self, step: usize, event: &E, taken: Option<&Node<E>>) -> bool {
+        (self.pattern.steps[step].predicate)(event, &Matched { names: &self.names, last: taken })
     }
 
     /// The runs a partial match that has just taken `count` events of `step`
     /// (or nothing yet: `step` is `None`) branches into.
-    fn branches(&self, node: u64, taken: &Rc<Vec<Taken<E>>>, step: Option<usize>, count: u32) -> Branches<E> {
+    fn branches(&self, node: u64, taken: &Rc<Node<E>>, step: Option<usize>, count: u32) -> Branches<E> {
         let steps = &self.pattern.steps;
         let mut out = Branches { runs: Vec::new(), complete: false };
         let run = |target| Run {
@@ -223,7 +258,7 @@ impl<E: Clone> Matcher<E> {
             completed.push(Rc::clone(&r.taken));
         }
         let emitted_here = self
-            .emit(completed, &mut state.runs, &mut expired, |taken| taken[0].time.saturating_add(w).saturating_sub(1));
+            .emit(completed, &mut state.runs, &mut expired, |taken| taken.start.1.saturating_add(w).saturating_sub(1));
         for (node, found) in emitted_here {
             emitted.push(node);
             matches.push(found);
@@ -244,16 +279,16 @@ impl<E: Clone> Matcher<E> {
     /// matches with the node of their taken events.
     fn emit(
         &self,
-        mut completed: Vec<Rc<Vec<Taken<E>>>>,
+        mut completed: Vec<Rc<Node<E>>>,
         runs: &mut Vec<Run<E>>,
         others: &mut Vec<Run<E>>,
-        time_of: impl Fn(&[Taken<E>]) -> Timestamp,
+        time_of: impl Fn(&Node<E>) -> Timestamp,
     ) -> Vec<(u64, Found<E>)> {
         completed.sort_by(|a, b| order(a, b));
         let mut out = Vec::new();
         let mut barriers: Vec<Box<dyn Fn(u64) -> bool>> = Vec::new();
         for taken in completed {
-            let start = taken[0].seq;
+            let start = taken.start.0;
             if barriers.iter().any(|prune| prune(start)) {
                 continue;
             }
@@ -271,8 +306,9 @@ impl<E: Clone> Matcher<E> {
     }
 
     /// Which start positions the skip strategy discards after `taken` matched.
-    fn pruning(&self, taken: &[Taken<E>]) -> Option<Box<dyn Fn(u64) -> bool>> {
+    fn pruning(&self, taken: &Node<E>) -> Option<Box<dyn Fn(u64) -> bool>> {
         let step_of = |name: &str| self.names.iter().position(|n| &**n == name);
+        let taken = taken.to_vec();
         let first = taken[0].seq;
         let last = taken[taken.len() - 1].seq;
         match &self.pattern.skip {
@@ -299,17 +335,16 @@ impl<E: Clone> Matcher<E> {
         state.next_seq += 1;
         let steps = &self.pattern.steps;
         let mut next: Vec<Run<E>> = Vec::with_capacity(state.runs.len() + 2);
-        let mut completed: Vec<Rc<Vec<Taken<E>>>> = Vec::new();
+        let mut completed: Vec<Rc<Node<E>>> = Vec::new();
         let take = |state: &mut KeyState<E>,
                     next: &mut Vec<Run<E>>,
-                    completed: &mut Vec<Rc<Vec<Taken<E>>>>,
-                    taken: &[Taken<E>],
+                    completed: &mut Vec<Rc<Node<E>>>,
+                    taken: Option<&Rc<Node<E>>>,
                     step: usize,
                     count: u32| {
-            let mut extended = Vec::with_capacity(taken.len() + 1);
-            extended.extend_from_slice(taken);
-            extended.push(Taken { step, seq, time, event: event.clone() });
-            let extended = Rc::new(extended);
+            let start = taken.map_or((seq, time), |t| t.start);
+            let extended =
+                Rc::new(Node { taken: Taken { step, seq, time, event: event.clone() }, prev: taken.cloned(), start });
             let node = state.next_node;
             state.next_node += 1;
             let branches = self.branches(node, &extended, Some(step), count);
@@ -322,13 +357,14 @@ impl<E: Clone> Matcher<E> {
         let runs = std::mem::take(&mut state.runs);
         for mut run in runs {
             let taken = Rc::clone(&run.taken);
+            let ctx = Some(&*taken);
             if run.target == Target::Pending {
-                if !run.forbid_between.iter().any(|n| self.holds(*n, &event, &taken)) {
+                if !run.forbid_between.iter().any(|n| self.holds(*n, &event, ctx)) {
                     next.push(run);
                 }
                 continue;
             }
-            if run.forbid_next.iter().any(|n| self.holds(*n, &event, &taken)) {
+            if run.forbid_next.iter().any(|n| self.holds(*n, &event, ctx)) {
                 continue;
             }
             let (step, count, contiguity) = match run.target {
@@ -336,35 +372,33 @@ impl<E: Clone> Matcher<E> {
                 Target::Enter(step) => (step, 0, steps[step].entry),
                 Target::Pending => unreachable!("handled above"),
             };
-            let matches_step = self.holds(step, &event, &taken);
+            let matches_step = self.holds(step, &event, ctx);
+            let greedy_stop = run.greedy_guard.is_some_and(|g| self.holds(g, &event, ctx));
             let blocked = match run.target {
-                Target::Enter(_) => run.greedy_guard.is_some_and(|g| self.holds(g, &event, &taken)),
-                _ => run.reluctant_guard.iter().any(|g| self.holds(*g, &event, &taken)),
+                Target::Enter(_) => greedy_stop,
+                _ => run.reluctant_guard.iter().any(|g| self.holds(*g, &event, ctx)),
             };
             if matches_step && !blocked {
-                take(state, &mut next, &mut completed, &taken, step, count + 1);
+                take(state, &mut next, &mut completed, Some(&taken), step, count + 1);
             }
             let may_skip = match contiguity {
                 Contiguity::Strict => false,
                 Contiguity::Relaxed => !matches_step,
                 Contiguity::NonDeterministic => true,
-            } && !run.greedy_guard.is_some_and(|g| self.holds(g, &event, &taken));
-            if may_skip && !run.forbid_between.iter().any(|n| self.holds(*n, &event, &taken)) {
+            } && !greedy_stop;
+            if may_skip && !run.forbid_between.iter().any(|n| self.holds(*n, &event, ctx)) {
                 run.forbid_next.clear();
                 next.push(run);
             }
         }
         // A new partial match starts at every event a first step can take.
-        let start = self.branches(u64::MAX, &Rc::new(Vec::new()), None, 0);
-        for run in start.runs {
-            if let Target::Enter(step) = run.target {
-                if self.holds(step, &event, &[]) {
-                    take(state, &mut next, &mut completed, &[], step, 1);
-                }
+        for &step in &self.starts {
+            if self.holds(step, &event, None) {
+                take(state, &mut next, &mut completed, None, step, 1);
             }
         }
         let mut none = Vec::new();
-        for (_, found) in self.emit(completed, &mut next, &mut none, |taken| taken[taken.len() - 1].time) {
+        for (_, found) in self.emit(completed, &mut next, &mut none, |taken| taken.taken.time) {
             matches.push(found);
         }
         state.runs = next;
@@ -373,7 +407,7 @@ impl<E: Clone> Matcher<E> {
 
 /// The order matches are emitted in: by start position, then by the
 /// positions and steps of their events.
-fn order<E>(a: &[Taken<E>], b: &[Taken<E>]) -> std::cmp::Ordering {
-    let key = |t: &[Taken<E>]| t.iter().map(|x| (x.seq, x.step)).collect::<Vec<_>>();
+fn order<E>(a: &Node<E>, b: &Node<E>) -> std::cmp::Ordering {
+    let key = |t: &Node<E>| t.to_vec().iter().map(|x| (x.seq, x.step)).collect::<Vec<_>>();
     key(a).cmp(&key(b))
 }

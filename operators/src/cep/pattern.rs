@@ -4,36 +4,52 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::nfa::Taken;
+use super::nfa::Node;
 
 /// The events a partial match has taken so far, by step, for predicates that
 /// look back (e.g. "a higher price than the first step's").
 #[derive(Debug)]
 pub struct Matched<'a, E> {
     pub(crate) names: &'a [Arc<str>],
-    pub(crate) taken: &'a [Taken<E>],
+    /// The newest taken event, linked to the older ones.
+    pub(crate) last: Option<&'a Node<E>>,
 }
 
 impl<'a, E: 'a> Matched<'a, E> {
+    fn step_of(&self, name: &str) -> Option<usize> {
+        self.names.iter().position(|n| &**n == name)
+    }
+
+    /// The taken events, newest first.
+    fn newest_first(&self) -> impl Iterator<Item = &'a super::nfa::Taken<E>> + 'a {
+        std::iter::successors(self.last, |n| n.prev.as_deref()).map(|n| &n.taken)
+    }
+
     /// The events taken by step `name`, in event-time order (empty if none).
     pub fn get(&self, name: &str) -> impl Iterator<Item = &'a E> + 'a {
-        let step = self.names.iter().position(|n| &**n == name);
-        self.taken.iter().filter(move |t| Some(t.step) == step).map(|t| &t.event)
+        let step = self.step_of(name);
+        let mut events: Vec<&'a E> = self.newest_first().filter(|t| Some(t.step) == step).map(|t| &t.event).collect();
+        events.reverse();
+        events.into_iter()
     }
 
     /// The first event taken by step `name`.
     pub fn first(&self, name: &str) -> Option<&'a E> {
-        self.get(name).next()
+        let step = self.step_of(name)?;
+        self.newest_first().filter(|t| t.step == step).last().map(|t| &t.event)
     }
 
     /// The last event taken by step `name`.
     pub fn last(&self, name: &str) -> Option<&'a E> {
-        self.get(name).last()
+        let step = self.step_of(name)?;
+        self.newest_first().find(|t| t.step == step).map(|t| &t.event)
     }
 
     /// Every event taken so far, in order.
     pub fn events(&self) -> impl Iterator<Item = &'a E> + 'a {
-        self.taken.iter().map(|t| &t.event)
+        let mut events: Vec<&'a E> = self.newest_first().map(|t| &t.event).collect();
+        events.reverse();
+        events.into_iter()
     }
 }
 

@@ -191,6 +191,19 @@ fn pattern_desc() -> impl Strategy<Value = PatDesc> {
 /// A found item: (key, [(step, id)], time, timed out).
 type Item = (u8, Vec<(usize, u32)>, u64, bool);
 
+/// Take steps reachable next, each with the negations crossed to reach it.
+type Targets = Vec<(usize, Vec<usize>)>;
+
+/// Where an item is emitted: (sequence number, 0 = before that event / 1 =
+/// after it, expiry time).
+type Position = (usize, u8, u64);
+
+/// Taken events: (index in event-time order, step).
+type Prefix = Vec<(usize, usize)>;
+
+/// Which start positions an emitted match prunes, from its position on.
+type Barrier = (Position, Box<dyn Fn(usize) -> bool>);
+
 struct Reference<'a> {
     d: &'a PatDesc,
     events: Vec<Ev>,
@@ -204,7 +217,7 @@ impl Reference<'_> {
     /// The take steps reachable right after `from` (None: the start) once it
     /// may be left, with the negations crossed; and whether the end is reached
     /// (with the `not_followed_by` steps crossed to it).
-    fn closure(&self, from: Option<usize>) -> (Vec<(usize, Vec<usize>)>, Option<Vec<usize>>) {
+    fn closure(&self, from: Option<usize>) -> (Targets, Option<Vec<usize>>) {
         let steps = &self.d.steps;
         let mut k = from.map_or(0, |s| s + 1);
         let mut crossed: Vec<usize> = Vec::new();
@@ -321,7 +334,7 @@ impl Reference<'_> {
 
     /// Every match and timed-out partial match, with their positions, before skipping.
     /// Position: (sequence number, 0 = before that event / 1 = after it, expiry time).
-    fn items(&self, key: u8) -> Vec<((usize, u8, u64), Item, Vec<(usize, usize)>)> {
+    fn items(&self, key: u8) -> Vec<(Position, Item, Prefix)> {
         let n = self.events.len();
         let mut out = Vec::new();
         for prefix in self.prefixes() {
@@ -399,9 +412,9 @@ impl Reference<'_> {
         // (both at expiry), or the matches of the event; each by their events.
         items.sort_by(|a, b| (a.0, a.1 .3, &a.2).cmp(&(b.0, b.1 .3, &b.2)));
         let skip = skip_of(self.d);
-        let mut barriers: Vec<((usize, u8, u64), Box<dyn Fn(usize) -> bool>)> = Vec::new();
+        let mut barriers: Vec<Barrier> = Vec::new();
         // Whether a partial match starting at event `i` existed at emission position `pos`.
-        let started_before = |i: usize, pos: (usize, u8, u64)| if pos.1 == 1 { i <= pos.0 } else { i < pos.0 };
+        let started_before = |i: usize, pos: Position| if pos.1 == 1 { i <= pos.0 } else { i < pos.0 };
         let mut out = Vec::new();
         for (pos, item, prefix) in items {
             let start = prefix[0].0;
@@ -414,7 +427,7 @@ impl Reference<'_> {
                 let of_step0 = |last_one: bool| {
                     let mut it = prefix.iter().filter(|(_, s)| *s == 0).map(|(i, _)| *i);
                     if last_one {
-                        it.last()
+                        it.next_back()
                     } else {
                         it.next()
                     }

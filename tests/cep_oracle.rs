@@ -453,39 +453,75 @@ impl Reference<'_> {
 struct Case {
     partitions: Vec<Vec<Ev>>,
     bound: u64,
+    /// The operator's allowed lateness (0: late events are rejected).
+    lateness: u64,
 }
 
-fn case() -> impl Strategy<Value = Case> {
-    let event = (0u8..2, 0u8..3, 0u8..10, 1u64..4, 0u64..4);
-    (prop::collection::vec(prop::collection::vec(event, 0..10), 1..=3), 0u64..4).prop_map(|(raw, bound)| {
-        let mut id = 0;
-        let mut used = std::collections::BTreeSet::new();
-        let partitions = raw
-            .into_iter()
-            .map(|p| {
-                let mut clock = 0;
-                p.into_iter()
-                    .filter_map(|(key, kind, value, step, back)| {
-                        clock += step * 3;
-                        let t = clock.saturating_sub(back % (bound + 1) * 3);
-                        // Distinct times per key: equal times have no order across partitions.
-                        if !used.insert((key, t)) {
-                            return None;
-                        }
-                        id += 1;
-                        Some((id, key, kind, value, t))
-                    })
-                    .collect()
-            })
-            .collect();
-        Case { partitions, bound: bound * 3 }
-    })
+/// Read batches: the watermark advances between batches of this many events.
+const BATCH: usize = 2;
+
+/// The events the operator takes into account (those not later than the
+/// allowed lateness when read), and the others.
+fn accepted(case: &Case) -> (Vec<Ev>, Vec<Ev>) {
+    let (mut keep, mut late) = (Vec::new(), Vec::new());
+    for p in &case.partitions {
+        let mut max_seen: Option<u64> = None;
+        for batch in p.chunks(BATCH) {
+            let watermark = max_seen.map_or(0, |m| m.saturating_sub(case.bound));
+            for e in batch {
+                if e.4 + 1 + case.lateness > watermark {
+                    keep.push(*e);
+                } else {
+                    late.push(*e);
+                }
+            }
+            for e in batch {
+                max_seen = Some(max_seen.map_or(e.4, |m| m.max(e.4)));
+            }
+        }
+    }
+    (keep, late)
+}
+
+/// Random partitions; with `late`, some events are later than the watermark
+/// (by little or by far) and the operator allows some lateness.
+fn case(late: bool) -> impl Strategy<Value = Case> {
+    let event =
+        (0u8..2, 0u8..3, 0u8..10, 1u64..4, 0u64..4, prop::bool::weighted(if late { 0.2 } else { 0.0 }), 0u64..12);
+    let lateness = if late { prop::sample::select(vec![0u64, 6, 15, 60]).boxed() } else { Just(0u64).boxed() };
+    (prop::collection::vec(prop::collection::vec(event, 0..10), 1..=3), 0u64..4, lateness).prop_map(
+        move |(raw, bound, lateness)| {
+            let mut id = 0;
+            let mut used = std::collections::BTreeSet::new();
+            let partitions = raw
+                .into_iter()
+                .map(|p| {
+                    let mut clock = 0;
+                    p.into_iter()
+                        .filter_map(|(key, kind, value, step, back, very_late, far)| {
+                            clock += step * 3;
+                            let back = if very_late { bound + 1 + far } else { back % (bound + 1) };
+                            let t = clock.saturating_sub(back * 3);
+                            // Distinct times per key: equal times have no order across partitions.
+                            if !used.insert((key, t)) {
+                                return None;
+                            }
+                            id += 1;
+                            Some((id, key, kind, value, t))
+                        })
+                        .collect()
+                })
+                .collect();
+            Case { partitions, bound: bound * 3, lateness }
+        },
+    )
 }
 
 fn reference(case: &Case, d: &PatDesc) -> BTreeMap<Item, i64> {
     let mut out = BTreeMap::new();
+    let (accepted, _) = accepted(case);
     for key in 0..2u8 {
-        let mut events: Vec<Ev> = case.partitions.iter().flatten().filter(|e| e.1 == key).copied().collect();
+        let mut events: Vec<Ev> = accepted.iter().filter(|e| e.1 == key).copied().collect();
         events.sort_by_key(|e| e.4);
         for item in (Reference { d, events }).emitted(key) {
             *out.entry(item).or_insert(0) += 1;
@@ -494,25 +530,26 @@ fn reference(case: &Case, d: &PatDesc) -> BTreeMap<Item, i64> {
     out
 }
 
-fn run(case: &Case, d: &PatDesc, workers: usize) -> BTreeMap<Item, i64> {
+fn run(case: &Case, d: &PatDesc, workers: usize) -> (BTreeMap<Item, i64>, BTreeMap<Ev, i64>) {
     let source = Arc::new(MemorySource::new(case.partitions.clone()));
     let found = Collected::default();
-    let f = found.clone();
-    let bound = case.bound;
+    let late = Collected::default();
+    let (f, l) = (found.clone(), late.clone());
+    let (bound, lateness) = (case.bound, case.lateness);
     let d = d.clone();
     timely::execute(timely::Config::process(workers), move |worker| {
         let source = Arc::clone(&source);
-        let f = f.clone();
+        let (f, l) = (f.clone(), l.clone());
         let pattern = build(&d);
         worker.dataflow::<Timestamp, _, _>(|scope| {
             let options = SourceOptions {
                 watermark: WatermarkStrategy::bounded(bound),
                 idle_timeout: None,
-                batch_size: 2,
+                batch_size: BATCH,
                 ..Default::default()
             };
             let events = read(scope, source, |e: &Ev| e.4, options, &SourceMetrics::default(), None).unwrap().events;
-            let out = events.match_pattern(|e| e.1, pattern).unwrap();
+            let out = events.match_pattern_with_lateness(|e| e.1, pattern, lateness).unwrap();
             let item = |timed_out: bool| {
                 move |(m, t, d): Update<highwater_operators::cep::Match<u8, Ev>>, out: &mut Vec<Update<Item>>| {
                     let mut ids = Vec::new();
@@ -527,14 +564,14 @@ fn run(case: &Case, d: &PatDesc, workers: usize) -> BTreeMap<Item, i64> {
             let all =
                 out.matches.flat_map_updates("M", item(false)).concat(&out.timeouts.flat_map_updates("T", item(true)));
             collect(&all, &f);
-            assert_eq!(out.late.count.get(), 0);
+            collect(&out.late.stream, &l);
         });
     })
     .unwrap()
     .join()
     .into_iter()
     .for_each(|r| r.unwrap());
-    found.consolidated()
+    (found.consolidated(), late.consolidated())
 }
 
 use highwater_operators::Update;
@@ -543,10 +580,29 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 300, max_global_rejects: 100_000, ..ProptestConfig::default() })]
 
     #[test]
-    fn matches_and_timeouts_equal_the_reference(case in case(), d in pattern_desc()) {
+    fn matches_and_timeouts_equal_the_reference(case in case(false), d in pattern_desc()) {
         prop_assume!(build(&d).validate().is_ok());
         let want = reference(&case, &d);
-        prop_assert_eq!(run(&case, &d, 1), want.clone(), "1 worker, pattern {:?}", d);
-        prop_assert_eq!(run(&case, &d, 3), want, "3 workers");
+        prop_assert_eq!(run(&case, &d, 1).0, want.clone(), "1 worker, pattern {:?}", d);
+        prop_assert_eq!(run(&case, &d, 3).0, want, "3 workers");
+    }
+
+    /// Late events within the allowed lateness correct the outputs (their
+    /// changelog sums to the reference over the accepted events); later ones
+    /// go to the late output.
+    #[test]
+    fn late_events_correct_the_outputs(case in case(true), d in pattern_desc()) {
+        prop_assume!(build(&d).validate().is_ok());
+        let want = reference(&case, &d);
+        let (_, rejected) = accepted(&case);
+        let mut late_want = BTreeMap::new();
+        for e in rejected {
+            *late_want.entry(e).or_insert(0) += 1;
+        }
+        for workers in [1, 3] {
+            let (got, late) = run(&case, &d, workers);
+            prop_assert_eq!(got, want.clone(), "{} workers, lateness {}, pattern {:?}", workers, case.lateness, d);
+            prop_assert_eq!(late, late_want.clone(), "late events at {} workers", workers);
+        }
     }
 }

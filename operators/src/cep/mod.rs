@@ -9,7 +9,12 @@
 //! strategy, as in FlinkCEP. [`EventStream::match_pattern`] applies it to a
 //! keyed stream: events of a key wait until the watermark passes them and are
 //! then matched in event-time order, whatever order they arrived in; a match
-//! goes out at its last event's time, final. Partial matches that can no
+//! goes out at its last event's time. With an allowed lateness
+//! ([`EventStream::match_pattern_with_lateness`]), an event that comes after
+//! the watermark passed it but within the lateness replays its key's recent
+//! events, and the matches and time-outs that change are corrected (retracted,
+//! and the new ones emitted); without, outputs are final and late events go to
+//! the late output. Partial matches that can no
 //! longer complete within the time bound go to the timed-out output (that is
 //! how "no payment within 5 minutes" is written). A key's state is released
 //! as soon as its last partial match has ended.
@@ -95,8 +100,8 @@ pub struct Matches<'scope, K: 'static, E: 'static> {
     pub matches: EventStream<'scope, Match<K, E>>,
     /// Partial matches that timed out, at the last millisecond of their time bound.
     pub timeouts: EventStream<'scope, Match<K, E>>,
-    /// Events that arrived after the watermark had passed them, and
-    /// retractions (patterns match insertions only).
+    /// Events that arrived after the watermark had passed them by more than
+    /// the allowed lateness, and retractions (patterns match insertions only).
     pub late: LateOutput<'scope, E>,
 }
 
@@ -113,10 +118,41 @@ fn to_match<K, E: Clone>(key: K, names: &[Arc<str>], found: &Found<E>) -> Match<
 
 /// A key's matcher state and the expiry time its timer is set for.
 #[derive(Debug)]
-struct Keyed<E> {
+struct Keyed<K, E> {
     state: KeyState<E>,
     timer: Timestamp,
+    /// With an allowed lateness: what a late event replays.
+    replay: Replay<K, E>,
 }
+
+impl<K, E> Keyed<K, E> {
+    fn new() -> Self {
+        Keyed { state: KeyState::default(), timer: Timestamp::MAX, replay: Replay::default() }
+    }
+
+    /// Whether the key holds nothing a later event or a late one needs.
+    fn is_idle(&self) -> bool {
+        self.state.is_idle() && self.replay.history.is_empty()
+    }
+}
+
+/// A key's matcher state before the events a late one may still precede,
+/// those events, and the outputs they made (which a replay may change).
+#[derive(Debug)]
+struct Replay<K, E> {
+    base: KeyState<E>,
+    history: Vec<(Timestamp, E)>,
+    emitted: Vec<(Match<K, E>, Timestamp, bool)>,
+}
+
+impl<K, E> Default for Replay<K, E> {
+    fn default() -> Self {
+        Replay { base: KeyState::default(), history: Vec::new(), emitted: Vec::new() }
+    }
+}
+
+/// How outputs are compared when a replay corrects them.
+type SameOutput<K, E> = Rc<dyn Fn(&Match<K, E>, &Match<K, E>) -> bool>;
 
 impl<'scope, E: Data> EventStream<'scope, E> {
     /// Matches `pattern` against the events of each key (see the [module
@@ -125,6 +161,44 @@ impl<'scope, E: Data> EventStream<'scope, E> {
     /// # Errors
     /// If the pattern is invalid ([`Pattern::validate`]).
     pub fn match_pattern<K, KF>(&self, key: KF, pattern: Pattern<E>) -> Result<Matches<'scope, K, E>, PatternError>
+    where
+        K: Key,
+        KF: Fn(&E) -> K + 'static,
+    {
+        self.match_pattern_core(key, pattern, None)
+    }
+
+    /// [`match_pattern`](Self::match_pattern), with events accepted up to
+    /// `allowed_lateness` ms after the watermark passed them: a late event
+    /// replays its key's events since the watermark minus the lateness, and
+    /// the outputs that change are corrected (a retraction of a match or
+    /// time-out that no longer holds, an insertion of a new one, at the time
+    /// the late event arrived). Events later still go to the late output.
+    /// Each key keeps its events of the last `allowed_lateness` ms for this.
+    ///
+    /// # Errors
+    /// If the pattern is invalid ([`Pattern::validate`]).
+    pub fn match_pattern_with_lateness<K, KF>(
+        &self,
+        key: KF,
+        pattern: Pattern<E>,
+        allowed_lateness: u64,
+    ) -> Result<Matches<'scope, K, E>, PatternError>
+    where
+        E: PartialEq,
+        K: Key,
+        KF: Fn(&E) -> K + 'static,
+    {
+        let same: SameOutput<K, E> = Rc::new(|a, b| a == b);
+        self.match_pattern_core(key, pattern, (allowed_lateness > 0).then_some((allowed_lateness, same)))
+    }
+
+    fn match_pattern_core<K, KF>(
+        &self,
+        key: KF,
+        pattern: Pattern<E>,
+        lateness: Option<(u64, SameOutput<K, E>)>,
+    ) -> Result<Matches<'scope, K, E>, PatternError>
     where
         K: Key,
         KF: Fn(&E) -> K + 'static,
@@ -147,10 +221,16 @@ impl<'scope, E: Data> EventStream<'scope, E> {
         let counter = count.clone();
         let within = matcher.within();
 
+        let allowed = lateness.as_ref().map_or(0, |(l, _)| *l);
         builder.build(move |_caps| {
-            let mut keys: StateMap<K, Keyed<E>> = StateMap::default();
+            let mut keys: StateMap<K, Keyed<K, E>> = StateMap::default();
+            // Keys whose oldest replayable event leaves the lateness horizon, by watermark.
+            let mut trims: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
+            // The watermark up to which events have been matched.
+            let mut processed: Timestamp = 0;
             let mut waiting: Waiting<(K, E)> = Waiting::default();
-            let mut timers: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
+            // Expiry timers: the keys due, each with the time its output promise is held at.
+            let mut timers: BTreeMap<Timestamp, Vec<(K, Timestamp)>> = BTreeMap::new();
             let mut hold = Hold::default();
             let mut found_matches: Vec<Found<E>> = Vec::new();
             let mut expired: Vec<(Match<K, E>, Timestamp, bool)> = Vec::new();
@@ -159,39 +239,94 @@ impl<'scope, E: Data> EventStream<'scope, E> {
                 let mut matches = matches_out.activate();
                 let mut timeouts = timeouts_out.activate();
                 let mut late = late_out.activate();
+                let names = matcher.names().to_vec();
                 input.for_each_stamp(|cap, data| {
                     let arrived = arrival_time(&cap);
                     for batch in data {
                         for (event, time, diff) in batch.drain(..) {
-                            if time < arrived || diff <= 0 {
+                            if time.saturating_add(1).saturating_add(allowed) <= arrived || diff <= 0 {
                                 late.session(&cap).give((event, time, diff));
                                 counter.add(1);
                                 continue;
                             }
                             for _ in 0..diff {
-                                waiting.insert((key(&event), event.clone()), time, arrived, &mut hold, &cap);
+                                let k = key(&event);
+                                if time >= processed {
+                                    waiting.insert((k, event.clone()), time, arrived, &mut hold, &cap);
+                                    continue;
+                                }
+                                // Late but within the lateness: replay the key.
+                                let Some((_, same)) = lateness.as_ref() else { continue };
+                                let keyed = keys.entry(k.clone()).or_insert_with(Keyed::new);
+                                let outputs = replay(&matcher, &names, &k, keyed, time, event.clone(), processed);
+                                let old = std::mem::replace(&mut keyed.replay.emitted, outputs);
+                                let new = &keyed.replay.emitted;
+                                let mut retracted = vec![false; old.len()];
+                                let mut kept = vec![false; new.len()];
+                                for (i, o) in old.iter().enumerate() {
+                                    if let Some(j) = (0..new.len()).find(|&j| {
+                                        !kept[j] && new[j].1 == o.1 && new[j].2 == o.2 && same(&new[j].0, &o.0)
+                                    }) {
+                                        kept[j] = true;
+                                    } else {
+                                        retracted[i] = true;
+                                    }
+                                }
+                                for (i, (m, t, timed_out)) in old.into_iter().enumerate() {
+                                    if retracted[i] {
+                                        let out = if timed_out { &mut timeouts } else { &mut matches };
+                                        out.session(&cap).give((m, t, -1));
+                                    }
+                                }
+                                for (j, (m, t, timed_out)) in new.iter().enumerate() {
+                                    if !kept[j] {
+                                        let out = if *timed_out { &mut timeouts } else { &mut matches };
+                                        out.session(&cap).give((m.clone(), *t, 1));
+                                    }
+                                }
+                                if let Some(next) = keyed.state.next_expiry(within) {
+                                    if next < keyed.timer {
+                                        keyed.timer = next;
+                                        let promise = (next - 1).max(arrived);
+                                        hold.insert(promise, &cap);
+                                        timers.entry(next).or_default().push((k.clone(), promise));
+                                    }
+                                }
+                                if let Some(first) = keyed.replay.history.first() {
+                                    trims.entry(first.0.saturating_add(allowed).saturating_add(1)).or_default().push(k);
+                                }
                             }
                         }
                     }
                 });
 
                 let watermark = watermark_of(&frontiers[0]);
-                let names = matcher.names().to_vec();
                 while let Some((time, records, emit_at)) = waiting.pop_before(watermark, &mut hold) {
                     // The records' promise is withdrawn but not yet settled: still emit under it.
                     hold.promise(emit_at);
-                    expire(&matcher, &names, time, &mut keys, &mut timers, &mut hold, &mut expired);
+                    expire(&matcher, &names, time, &mut keys, &mut timers, &mut hold, &mut expired, allowed > 0);
                     for (m, t, timed_out) in expired.drain(..) {
                         let out = if timed_out { &mut timeouts } else { &mut matches };
-                        out.session(&hold.at(t)).give((m, t, 1));
+                        out.session(&hold.at_or_after(t)).give((m, t, 1));
                     }
                     for (k, event) in records {
-                        let keyed = keys
-                            .entry(k.clone())
-                            .or_insert_with(|| Keyed { state: KeyState::default(), timer: Timestamp::MAX });
+                        let keyed = keys.entry(k.clone()).or_insert_with(Keyed::new);
+                        if allowed > 0 {
+                            if keyed.replay.history.is_empty() {
+                                trims
+                                    .entry(time.saturating_add(allowed).saturating_add(1))
+                                    .or_default()
+                                    .push(k.clone());
+                            }
+                            keyed.replay.history.push((time, event.clone()));
+                        }
                         matcher.advance(&mut keyed.state, event, time, &mut found_matches);
                         for f in found_matches.drain(..) {
-                            matches.session(&hold.at(emit_at)).give((to_match(k.clone(), &names, &f), f.time, 1));
+                            let m = to_match(k.clone(), &names, &f);
+                            if allowed > 0 {
+                                keyed.replay.emitted.push((m.clone(), f.time, false));
+                            }
+                            matches.session(&hold.at(emit_at)).give((m, f.time, 1));
                         }
                         // A timer already set is early enough: new runs start later.
                         let next = if keyed.timer == Timestamp::MAX { keyed.state.next_expiry(within) } else { None };
@@ -199,9 +334,9 @@ impl<'scope, E: Data> EventStream<'scope, E> {
                             Some(next) => {
                                 keyed.timer = next;
                                 hold.promise(next - 1);
-                                timers.entry(next).or_default().push(k);
+                                timers.entry(next).or_default().push((k, next - 1));
                             }
-                            None if keyed.timer == Timestamp::MAX && keyed.state.is_idle() => {
+                            None if keyed.timer == Timestamp::MAX && keyed.is_idle() => {
                                 keys.remove(&k);
                             }
                             None => {}
@@ -209,10 +344,27 @@ impl<'scope, E: Data> EventStream<'scope, E> {
                     }
                     hold.remove(emit_at);
                 }
-                expire(&matcher, &names, watermark, &mut keys, &mut timers, &mut hold, &mut expired);
+                expire(&matcher, &names, watermark, &mut keys, &mut timers, &mut hold, &mut expired, allowed > 0);
                 for (m, t, timed_out) in expired.drain(..) {
                     let out = if timed_out { &mut timeouts } else { &mut matches };
-                    out.session(&hold.at(t)).give((m, t, 1));
+                    out.session(&hold.at_or_after(t)).give((m, t, 1));
+                }
+                processed = processed.max(watermark);
+                // Events before the lateness horizon can no longer be preceded by a late one.
+                let horizon = watermark.saturating_sub(allowed);
+                while let Some(entry) = trims.first_entry() {
+                    if *entry.key() > watermark {
+                        break;
+                    }
+                    for k in entry.remove() {
+                        let Some(keyed) = keys.get_mut(&k) else { continue };
+                        trim(&matcher, &mut keyed.replay, horizon);
+                        if let Some(first) = keyed.replay.history.first() {
+                            trims.entry(first.0.saturating_add(allowed).saturating_add(1)).or_default().push(k);
+                        } else if keyed.is_idle() && keyed.timer == Timestamp::MAX {
+                            keys.remove(&k);
+                        }
+                    }
                 }
                 hold.settle(None);
             }
@@ -233,10 +385,11 @@ fn expire<K: Key, E: Data>(
     matcher: &Matcher<E>,
     names: &[Arc<str>],
     until: Timestamp,
-    keys: &mut StateMap<K, Keyed<E>>,
-    timers: &mut BTreeMap<Timestamp, Vec<K>>,
+    keys: &mut StateMap<K, Keyed<K, E>>,
+    timers: &mut BTreeMap<Timestamp, Vec<(K, Timestamp)>>,
     hold: &mut Hold,
     out: &mut Vec<(Match<K, E>, Timestamp, bool)>,
+    record: bool,
 ) {
     let (mut found_matches, mut found_timeouts) = (Vec::new(), Vec::new());
     while let Some(entry) = timers.first_entry() {
@@ -244,23 +397,94 @@ fn expire<K: Key, E: Data>(
             break;
         }
         let (at, due) = entry.remove_entry();
-        for k in due {
+        for (k, promise) in due {
             if let Some(keyed) = keys.get_mut(&k) {
                 if keyed.timer == at {
                     matcher.expire(&mut keyed.state, at, &mut found_matches, &mut found_timeouts);
+                    let from = out.len();
                     out.extend(found_matches.drain(..).map(|f| (to_match(k.clone(), names, &f), f.time, false)));
                     out.extend(found_timeouts.drain(..).map(|f| (to_match(k.clone(), names, &f), f.time, true)));
+                    if record {
+                        keyed.replay.emitted.extend(out[from..].iter().cloned());
+                    }
                     keyed.timer = Timestamp::MAX;
                     if let Some(next) = keyed.state.next_expiry(matcher.within()) {
                         keyed.timer = next;
-                        hold.promise(next - 1);
-                        timers.entry(next).or_default().push(k.clone());
-                    } else if keyed.state.is_idle() {
+                        // Scheduled while this timer's promise is held: at or after it.
+                        let at_least = (next - 1).max(promise);
+                        hold.promise(at_least);
+                        timers.entry(next).or_default().push((k.clone(), at_least));
+                    } else if keyed.is_idle() {
                         keys.remove(&k);
                     }
                 }
             }
-            hold.remove(at - 1);
+            hold.remove(promise);
         }
     }
+}
+
+/// Replays a key's events since its replay base with `event` (at `time`)
+/// inserted in event-time order, and expires up to `processed`: the key's new
+/// state, and the outputs the events since the base make.
+fn replay<K: Key, E: Data>(
+    matcher: &Matcher<E>,
+    names: &[Arc<str>],
+    key: &K,
+    keyed: &mut Keyed<K, E>,
+    time: Timestamp,
+    event: E,
+    processed: Timestamp,
+) -> Vec<(Match<K, E>, Timestamp, bool)> {
+    let history = &mut keyed.replay.history;
+    let at = history.partition_point(|(t, _)| *t <= time);
+    history.insert(at, (time, event));
+    let mut state = keyed.replay.base.clone();
+    let (mut found, mut timed_out) = (Vec::new(), Vec::new());
+    let mut outputs = Vec::new();
+    let mut collect = |found: &mut Vec<Found<E>>, timed_out: &mut Vec<Found<E>>| {
+        outputs.extend(found.drain(..).map(|f| (to_match(key.clone(), names, &f), f.time, false)));
+        outputs.extend(timed_out.drain(..).map(|f| (to_match(key.clone(), names, &f), f.time, true)));
+    };
+    for (t, e) in history.iter() {
+        expire_all(matcher, &mut state, *t, &mut found, &mut timed_out);
+        matcher.advance(&mut state, e.clone(), *t, &mut found);
+        collect(&mut found, &mut timed_out);
+    }
+    expire_all(matcher, &mut state, processed, &mut found, &mut timed_out);
+    collect(&mut found, &mut timed_out);
+    keyed.state = state;
+    outputs
+}
+
+/// Expires every run of `state` due by `until`, in expiry order.
+fn expire_all<E: Clone>(
+    matcher: &Matcher<E>,
+    state: &mut KeyState<E>,
+    until: Timestamp,
+    found: &mut Vec<Found<E>>,
+    timed_out: &mut Vec<Found<E>>,
+) {
+    while let Some(next) = state.next_expiry(matcher.within()) {
+        if next > until {
+            break;
+        }
+        matcher.expire(state, next, found, timed_out);
+    }
+}
+
+/// Moves a key's events before `horizon` into its replay base: no late event
+/// can precede them any more, and their outputs are final.
+fn trim<K, E: Clone>(matcher: &Matcher<E>, replay: &mut Replay<K, E>, horizon: Timestamp) {
+    let n = replay.history.partition_point(|(t, _)| *t < horizon);
+    if n == 0 {
+        return;
+    }
+    let (mut found, mut timed_out) = (Vec::new(), Vec::new());
+    for (t, e) in replay.history.drain(..n) {
+        expire_all(matcher, &mut replay.base, t, &mut found, &mut timed_out);
+        matcher.advance(&mut replay.base, e, t, &mut found);
+    }
+    expire_all(matcher, &mut replay.base, horizon, &mut found, &mut timed_out);
+    replay.emitted.retain(|(_, t, _)| *t >= horizon);
 }

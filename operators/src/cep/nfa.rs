@@ -97,7 +97,7 @@ pub(crate) struct Found<E> {
 }
 
 /// What the matcher of one key holds.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct KeyState<E> {
     runs: Vec<Run<E>>,
     next_seq: u64,

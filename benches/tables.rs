@@ -34,6 +34,10 @@ use timely::dataflow::operators::core::Inspect;
 use timely::dataflow::operators::{Input, Probe};
 use timely::dataflow::ProbeHandle;
 
+/// The allocator of the `highwater` binary.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct Options {
     keys: u64,
     events: u64,

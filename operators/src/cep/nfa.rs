@@ -245,6 +245,9 @@ impl<E: Clone> Matcher<E> {
         timeouts: &mut Vec<Found<E>>,
     ) {
         let Some(w) = self.pattern.within else { return };
+        if !state.runs.iter().any(|r| r.start_time().saturating_add(w) <= time) {
+            return;
+        }
         let (mut expired, kept): (Vec<Run<E>>, Vec<Run<E>>) =
             state.runs.drain(..).partition(|r| r.start_time().saturating_add(w) <= time);
         state.runs = kept;
@@ -334,38 +337,35 @@ impl<E: Clone> Matcher<E> {
         let seq = state.next_seq;
         state.next_seq += 1;
         let steps = &self.pattern.steps;
-        let mut next: Vec<Run<E>> = Vec::with_capacity(state.runs.len() + 2);
+        // Runs made by takes; the surviving runs stay in place.
+        let mut made: Vec<Run<E>> = Vec::new();
         let mut completed: Vec<Rc<Node<E>>> = Vec::new();
-        let take = |state: &mut KeyState<E>,
-                    next: &mut Vec<Run<E>>,
-                    completed: &mut Vec<Rc<Node<E>>>,
-                    taken: Option<&Rc<Node<E>>>,
-                    step: usize,
-                    count: u32| {
+        let mut next_node = state.next_node;
+        let mut take = |made: &mut Vec<Run<E>>,
+                        completed: &mut Vec<Rc<Node<E>>>,
+                        taken: Option<&Rc<Node<E>>>,
+                        step: usize,
+                        count: u32| {
             let start = taken.map_or((seq, time), |t| t.start);
             let extended =
                 Rc::new(Node { taken: Taken { step, seq, time, event: event.clone() }, prev: taken.cloned(), start });
-            let node = state.next_node;
-            state.next_node += 1;
+            let node = next_node;
+            next_node += 1;
             let branches = self.branches(node, &extended, Some(step), count);
             if branches.complete {
                 completed.push(Rc::clone(&extended));
             }
-            next.extend(branches.runs);
+            made.extend(branches.runs);
         };
 
-        let runs = std::mem::take(&mut state.runs);
-        for mut run in runs {
+        state.runs.retain_mut(|run| {
             let taken = Rc::clone(&run.taken);
             let ctx = Some(&*taken);
             if run.target == Target::Pending {
-                if !run.forbid_between.iter().any(|n| self.holds(*n, &event, ctx)) {
-                    next.push(run);
-                }
-                continue;
+                return !run.forbid_between.iter().any(|n| self.holds(*n, &event, ctx));
             }
             if run.forbid_next.iter().any(|n| self.holds(*n, &event, ctx)) {
-                continue;
+                return false;
             }
             let (step, count, contiguity) = match run.target {
                 Target::Continue { step, count } => (step, count, steps[step].inner),
@@ -379,7 +379,7 @@ impl<E: Clone> Matcher<E> {
                 _ => run.reluctant_guard.iter().any(|g| self.holds(*g, &event, ctx)),
             };
             if matches_step && !blocked {
-                take(state, &mut next, &mut completed, Some(&taken), step, count + 1);
+                take(&mut made, &mut completed, Some(&taken), step, count + 1);
             }
             let may_skip = match contiguity {
                 Contiguity::Strict => false,
@@ -388,20 +388,25 @@ impl<E: Clone> Matcher<E> {
             } && !greedy_stop;
             if may_skip && !run.forbid_between.iter().any(|n| self.holds(*n, &event, ctx)) {
                 run.forbid_next.clear();
-                next.push(run);
+                true
+            } else {
+                false
             }
-        }
+        });
         // A new partial match starts at every event a first step can take.
         for &step in &self.starts {
             if self.holds(step, &event, None) {
-                take(state, &mut next, &mut completed, None, step, 1);
+                take(&mut made, &mut completed, None, step, 1);
             }
         }
-        let mut none = Vec::new();
-        for (_, found) in self.emit(completed, &mut next, &mut none, |taken| taken.taken.time) {
-            matches.push(found);
+        state.next_node = next_node;
+        state.runs.append(&mut made);
+        if !completed.is_empty() {
+            let mut none = Vec::new();
+            for (_, found) in self.emit(completed, &mut state.runs, &mut none, |taken| taken.taken.time) {
+                matches.push(found);
+            }
         }
-        state.runs = next;
     }
 }
 

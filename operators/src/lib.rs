@@ -47,6 +47,7 @@ pub use time::{AllowedLateness, Diff, DurationExt, Timestamp, END_OF_TIME};
 /// The names most programs use.
 pub mod prelude {
     pub use crate::aggregate::{Aggregate, Avg, Collect, Count, DistinctCount, Fold, Max, MaxBy, Min, Sum, TopK};
+    pub use crate::cep::{AfterMatchSkip, Match, Matches, Pattern, PatternExt};
     pub use crate::join::{between, by_record, Interval, IntervalJoined, Side, WindowJoined};
     pub use crate::late::LateOutput;
     pub use crate::stream::EventStream;

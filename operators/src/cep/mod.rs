@@ -116,6 +116,87 @@ fn to_match<K, E: Clone>(key: K, names: &[Arc<str>], found: &Found<E>) -> Match<
     Match { key, steps }
 }
 
+/// A stream with a key function: what patterns are matched on (one matcher
+/// per key). Made by [`EventStream::key_by`].
+pub struct KeyedEvents<'scope, E: 'static, KF> {
+    stream: EventStream<'scope, E>,
+    key: KF,
+}
+
+impl<E: 'static, KF> std::fmt::Debug for KeyedEvents<'_, E, KF> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyedEvents").field("stream", &self.stream).finish_non_exhaustive()
+    }
+}
+
+impl<'scope, E: Data> EventStream<'scope, E> {
+    /// The stream keyed by `key`, to match patterns per key:
+    /// `events.key_by(|e| e.user).pattern(pattern)`.
+    pub fn key_by<K: Key, KF: Fn(&E) -> K + 'static>(&self, key: KF) -> KeyedEvents<'scope, E, KF> {
+        KeyedEvents { stream: self.clone(), key }
+    }
+}
+
+/// Pattern matching on keyed streams.
+///
+/// ```
+/// use highwater_operators::cep::{Pattern, PatternExt};
+/// use highwater_operators::prelude::*;
+/// use timely::dataflow::operators::ToStream;
+/// use timely::dataflow::operators::capture::{Capture, Extract};
+///
+/// // (user, kind): a cart addition then a failed payment within 5 minutes.
+/// let events = vec![((1u32, 'A'), 0u64, 1i64), ((1, 'F'), 60_000, 1), ((2, 'A'), 0, 1), ((2, 'F'), 400_000, 1)];
+/// let pattern = Pattern::<(u32, char)>::begin("added")
+///     .where_(|e| e.1 == 'A')
+///     .followed_by("failed")
+///     .where_(|e| e.1 == 'F')
+///     .within(5.minutes());
+/// let captured = timely::example(move |scope| {
+///     let found = EventStream::new(events.to_stream(scope)).key_by(|e| e.0).pattern(pattern).unwrap();
+///     found.matches.inner.capture()
+/// });
+/// let users: Vec<u32> = captured.extract().into_iter().flat_map(|(_, d)| d).map(|(m, _, _)| m.key).collect();
+/// assert_eq!(users, vec![1]);
+/// ```
+pub trait PatternExt<'scope, E: 'static, K: 'static> {
+    /// Matches `pattern` on each key's events; see [`EventStream::match_pattern`].
+    ///
+    /// # Errors
+    /// If the pattern is invalid.
+    fn pattern(self, pattern: Pattern<E>) -> Result<Matches<'scope, K, E>, PatternError>;
+
+    /// Matches `pattern` with an allowed lateness; see
+    /// [`EventStream::match_pattern_with_lateness`].
+    ///
+    /// # Errors
+    /// If the pattern is invalid.
+    fn pattern_with_lateness(
+        self,
+        pattern: Pattern<E>,
+        allowed_lateness: u64,
+    ) -> Result<Matches<'scope, K, E>, PatternError>
+    where
+        E: PartialEq;
+}
+
+impl<'scope, E: Data, K: Key, KF: Fn(&E) -> K + 'static> PatternExt<'scope, E, K> for KeyedEvents<'scope, E, KF> {
+    fn pattern(self, pattern: Pattern<E>) -> Result<Matches<'scope, K, E>, PatternError> {
+        self.stream.match_pattern(self.key, pattern)
+    }
+
+    fn pattern_with_lateness(
+        self,
+        pattern: Pattern<E>,
+        allowed_lateness: u64,
+    ) -> Result<Matches<'scope, K, E>, PatternError>
+    where
+        E: PartialEq,
+    {
+        self.stream.match_pattern_with_lateness(self.key, pattern, allowed_lateness)
+    }
+}
+
 /// A key's matcher state and the expiry time its timer is set for.
 #[derive(Debug)]
 struct Keyed<K, E> {

@@ -41,4 +41,7 @@ log "cargo test (unit, integration, property, golden, doc)"
 cargo test --workspace --release --lib --bins --tests --examples
 cargo test --workspace --release --doc
 
+log "cargo test (operators, debug: timely's capability checks are debug assertions)"
+cargo test -p highwater-operators --tests
+
 log "all checks passed"

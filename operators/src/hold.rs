@@ -17,15 +17,31 @@ use crate::time::Timestamp;
 #[derive(Debug, Default)]
 pub(crate) struct Hold {
     cap: Option<Capability<Timestamp>>,
+    /// The same capability for the operator's outputs 1, 2, ... (see
+    /// [`Hold::with_outputs`]); a capability is valid for one output only.
+    others: Vec<Capability<Timestamp>>,
+    /// How many outputs the operator emits on under the hold (0 counts as 1).
+    outputs: usize,
     times: BTreeMap<Timestamp, usize>,
 }
 
 impl Hold {
+    /// A hold whose promises cover `outputs` outputs (ports `0..outputs`).
+    pub(crate) fn with_outputs(outputs: usize) -> Self {
+        Hold { outputs, ..Hold::default() }
+    }
+
+    /// Takes capabilities at `time` for every output from `input`.
+    fn mint(&mut self, input: &InputCapability<Timestamp>, time: Timestamp) {
+        self.cap = Some(input.delayed(&time, 0));
+        self.others = (1..self.outputs.max(1)).map(|port| input.delayed(&time, port)).collect();
+    }
+
     /// Promises output at `time`, which must not precede `input`'s time.
     pub(crate) fn insert(&mut self, time: Timestamp, input: &InputCapability<Timestamp>) {
         *self.times.entry(time).or_insert(0) += 1;
         if self.cap.as_ref().is_none_or(|c| *c.time() > time) {
-            self.cap = Some(input.delayed(&time, 0));
+            self.mint(input, time);
         }
     }
 
@@ -34,7 +50,7 @@ impl Hold {
     pub(crate) fn retain(&mut self, input: &InputCapability<Timestamp>) {
         let time = *input.least().expect("highwater messages travel under a capability");
         if self.cap.as_ref().is_none_or(|c| *c.time() > time) {
-            self.cap = Some(input.delayed(&time, 0));
+            self.mint(input, time);
         }
     }
 
@@ -65,7 +81,13 @@ impl Hold {
 
     /// A capability to emit at `time`, or at the held time if that is later.
     pub(crate) fn at_or_after(&self, time: Timestamp) -> Capability<Timestamp> {
-        let cap = self.cap.as_ref().expect("output is only owed under a held capability");
+        self.at_or_after_on(time, 0)
+    }
+
+    /// [`at_or_after`](Hold::at_or_after) for output `port`.
+    pub(crate) fn at_or_after_on(&self, time: Timestamp, port: usize) -> Capability<Timestamp> {
+        let cap = if port == 0 { self.cap.as_ref() } else { self.others.get(port - 1) };
+        let cap = cap.expect("output is only owed under a held capability (for a port the hold covers)");
         cap.delayed(&time.max(*cap.time()))
     }
 
@@ -88,13 +110,16 @@ impl Hold {
         };
         match least {
             Some(t) => {
-                if let Some(cap) = self.cap.as_mut() {
+                for cap in self.cap.iter_mut().chain(self.others.iter_mut()) {
                     if *cap.time() < t {
                         cap.downgrade(&t);
                     }
                 }
             }
-            None => self.cap = None,
+            None => {
+                self.cap = None;
+                self.others.clear();
+            }
         }
     }
 }

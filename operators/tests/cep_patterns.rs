@@ -204,3 +204,89 @@ fn invalid_patterns_are_refused() {
     assert!(e(Pattern::begin("a").skip(AfterMatchSkip::SkipToFirst("z".into()))).contains("`z`"));
     assert!(e(Pattern::begin("a").times_between(3, 2)).contains("maximum"));
 }
+
+/// A found match or time-out (its events' labels), its time and its net diff.
+type Net = (String, u64, i64);
+
+/// What a capture of match updates yields.
+type Captured = std::sync::mpsc::Receiver<
+    timely::dataflow::operators::capture::Event<
+        u64,
+        Vec<highwater_operators::Update<highwater_operators::cep::Match<u8, Ev>>>,
+    >,
+>;
+
+/// Drives `pattern` (allowed lateness `lateness`) by hand: `Some((label, time))`
+/// sends an event, `None` advances the watermark to the next number in `marks`.
+fn run_by_hand(
+    pattern: Pattern<Ev>,
+    lateness: u64,
+    steps: Vec<(Option<(&'static str, u64)>, u64)>,
+) -> (Vec<Net>, Vec<Net>) {
+    use highwater_operators::Update;
+    use timely::dataflow::operators::Input;
+    let (matches, timeouts) = timely::execute_directly(move |worker| {
+        let (mut input, captured) = worker.dataflow::<u64, _, _>(|scope| {
+            let (input, stream) = scope.new_input::<Vec<Update<Ev>>>();
+            let out = EventStream::new(stream).key_by(|_| 0u8).pattern_with_lateness(pattern, lateness).unwrap();
+            (input, (out.matches.inner.capture(), out.timeouts.inner.capture()))
+        });
+        for (event, watermark) in steps {
+            if let Some((label, time)) = event {
+                input.send(((label.to_owned(), 0), time, 1));
+            }
+            input.advance_to(watermark);
+            worker.step();
+        }
+        drop(input);
+        while worker.step() {}
+        captured
+    });
+    let show = |c: Captured| {
+        let mut net = std::collections::BTreeMap::new();
+        for (m, t, d) in c.extract().into_iter().flat_map(|(_, b)| b) {
+            let label = m.steps.iter().flat_map(|(_, es)| es.iter().map(|e| e.0.clone())).collect::<Vec<_>>().join(" ");
+            *net.entry((label, t)).or_insert(0i64) += d;
+        }
+        net.into_iter().filter(|(_, d)| *d != 0).map(|((l, t), d)| (l, t, d)).collect::<Vec<_>>()
+    };
+    (show(matches), show(timeouts))
+}
+
+#[test]
+fn a_late_event_corrects_a_match_after_its_key_went_quiet() {
+    // A@0 matches `a not_followed_by n within 5` at 4; the late N@3 (within the lateness of 10) retracts it.
+    let p = Pattern::begin("a").where_(is('a')).not_followed_by("n").where_(is('n')).within(5);
+    let (m, _) = run_by_hand(p.clone(), 10, vec![(Some(("a", 0)), 1), (None, 12)]);
+    assert_eq!(m, vec![("a".to_owned(), 4, 1)]);
+    let (m, _) = run_by_hand(p, 10, vec![(Some(("a", 0)), 1), (None, 12), (Some(("n", 3)), 12), (None, 20)]);
+    assert!(m.is_empty(), "{m:?}");
+}
+
+#[test]
+fn a_late_event_turns_a_time_out_into_a_match() {
+    let p = Pattern::begin("a").where_(is('a')).followed_by("b").where_(is('b')).within(5);
+    let (m, t) = run_by_hand(p, 10, vec![(Some(("a", 0)), 1), (None, 12), (Some(("b", 4)), 12), (None, 20)]);
+    assert_eq!(m, vec![("a b".to_owned(), 4, 1)]);
+    assert!(t.is_empty(), "the time-out of a is retracted: {t:?}");
+}
+
+#[test]
+fn a_very_long_partial_match_is_freed_without_overflowing_the_stack() {
+    let p = Pattern::begin("s")
+        .where_(is('s'))
+        .next("a")
+        .where_(is('a'))
+        .one_or_more()
+        .consecutive()
+        .greedy()
+        .next("b")
+        .where_(is('b'));
+    let input = std::iter::once("s@0".to_owned())
+        .chain((1..=200_000).map(|i| format!("a@{i}")))
+        .chain(std::iter::once("x@300000".to_owned()))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let (m, _) = run(p, &input);
+    assert!(m.is_empty());
+}

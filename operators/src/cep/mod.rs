@@ -213,7 +213,7 @@ impl<K, E> Keyed<K, E> {
 
     /// Whether the key holds nothing a later event or a late one needs.
     fn is_idle(&self) -> bool {
-        self.state.is_idle() && self.replay.history.is_empty()
+        self.state.is_idle() && self.replay.history.is_empty() && self.replay.base.is_idle()
     }
 }
 
@@ -224,11 +224,42 @@ struct Replay<K, E> {
     base: KeyState<E>,
     history: Vec<(Timestamp, E)>,
     emitted: Vec<(Match<K, E>, Timestamp, bool)>,
+    /// The watermark the next trim is scheduled at (`Timestamp::MAX`: none).
+    trim_at: Timestamp,
 }
 
 impl<K, E> Default for Replay<K, E> {
     fn default() -> Self {
-        Replay { base: KeyState::default(), history: Vec::new(), emitted: Vec::new() }
+        Replay { base: KeyState::default(), history: Vec::new(), emitted: Vec::new(), trim_at: Timestamp::MAX }
+    }
+}
+
+impl<K, E> Replay<K, E> {
+    /// When the key's replay state next needs a trim, with `allowed`
+    /// lateness: once its oldest event, or its base's next expiry, is
+    /// beyond the lateness horizon.
+    fn next_trim(&self, allowed: u64, within: Option<u64>) -> Option<Timestamp> {
+        let from = match self.history.first() {
+            Some((t, _)) => *t,
+            None => self.base.next_expiry(within)?,
+        };
+        Some(from.saturating_add(allowed).saturating_add(1))
+    }
+}
+
+/// Schedules the key's next trim if it is earlier than the one set.
+fn schedule_trim<K: Key, E>(
+    trims: &mut BTreeMap<Timestamp, Vec<K>>,
+    k: &K,
+    replay: &mut Replay<K, E>,
+    allowed: u64,
+    within: Option<u64>,
+) {
+    if let Some(at) = replay.next_trim(allowed, within) {
+        if at < replay.trim_at {
+            replay.trim_at = at;
+            trims.entry(at).or_default().push(k.clone());
+        }
     }
 }
 
@@ -312,7 +343,8 @@ impl<'scope, E: Data> EventStream<'scope, E> {
             let mut waiting: Waiting<(K, E)> = Waiting::default();
             // Expiry timers: the keys due, each with the time its output promise is held at.
             let mut timers: BTreeMap<Timestamp, Vec<(K, Timestamp)>> = BTreeMap::new();
-            let mut hold = Hold::default();
+            // Matches go out on output 0, time-outs on output 1.
+            let mut hold = Hold::with_outputs(2);
             let mut found_matches: Vec<Found<E>> = Vec::new();
             let mut expired: Vec<(Match<K, E>, Timestamp, bool)> = Vec::new();
 
@@ -325,7 +357,9 @@ impl<'scope, E: Data> EventStream<'scope, E> {
                     let arrived = arrival_time(&cap);
                     for batch in data {
                         for (event, time, diff) in batch.drain(..) {
-                            if time.saturating_add(1).saturating_add(allowed) <= arrived || diff <= 0 {
+                            // An event at the end of time could never be passed by the watermark.
+                            let never = time == Timestamp::MAX;
+                            if time.saturating_add(1).saturating_add(allowed) <= arrived || diff <= 0 || never {
                                 late.session(&cap).give((event, time, diff));
                                 counter.add(1);
                                 continue;
@@ -373,9 +407,7 @@ impl<'scope, E: Data> EventStream<'scope, E> {
                                         timers.entry(next).or_default().push((k.clone(), promise));
                                     }
                                 }
-                                if let Some(first) = keyed.replay.history.first() {
-                                    trims.entry(first.0.saturating_add(allowed).saturating_add(1)).or_default().push(k);
-                                }
+                                schedule_trim(&mut trims, &k, &mut keyed.replay, allowed, within);
                             }
                         }
                     }
@@ -387,19 +419,15 @@ impl<'scope, E: Data> EventStream<'scope, E> {
                     hold.promise(emit_at);
                     expire(&matcher, &names, time, &mut keys, &mut timers, &mut hold, &mut expired, allowed > 0);
                     for (m, t, timed_out) in expired.drain(..) {
+                        let port = usize::from(timed_out);
                         let out = if timed_out { &mut timeouts } else { &mut matches };
-                        out.session(&hold.at_or_after(t)).give((m, t, 1));
+                        out.session(&hold.at_or_after_on(t, port)).give((m, t, 1));
                     }
                     for (k, event) in records {
                         let keyed = keys.entry(k.clone()).or_insert_with(Keyed::new);
                         if allowed > 0 {
-                            if keyed.replay.history.is_empty() {
-                                trims
-                                    .entry(time.saturating_add(allowed).saturating_add(1))
-                                    .or_default()
-                                    .push(k.clone());
-                            }
                             keyed.replay.history.push((time, event.clone()));
+                            schedule_trim(&mut trims, &k, &mut keyed.replay, allowed, within);
                         }
                         matcher.advance(&mut keyed.state, event, time, &mut found_matches);
                         for f in found_matches.drain(..) {
@@ -414,8 +442,10 @@ impl<'scope, E: Data> EventStream<'scope, E> {
                         match next {
                             Some(next) => {
                                 keyed.timer = next;
-                                hold.promise(next - 1);
-                                timers.entry(next).or_default().push((k, next - 1));
+                                // Not before the capability the event came with.
+                                let promise = (next - 1).max(emit_at);
+                                hold.promise(promise);
+                                timers.entry(next).or_default().push((k, promise));
                             }
                             None if keyed.timer == Timestamp::MAX && keyed.is_idle() => {
                                 keys.remove(&k);
@@ -427,8 +457,9 @@ impl<'scope, E: Data> EventStream<'scope, E> {
                 }
                 expire(&matcher, &names, watermark, &mut keys, &mut timers, &mut hold, &mut expired, allowed > 0);
                 for (m, t, timed_out) in expired.drain(..) {
+                    let port = usize::from(timed_out);
                     let out = if timed_out { &mut timeouts } else { &mut matches };
-                    out.session(&hold.at_or_after(t)).give((m, t, 1));
+                    out.session(&hold.at_or_after_on(t, port)).give((m, t, 1));
                 }
                 processed = processed.max(watermark);
                 // Events before the lateness horizon can no longer be preceded by a late one.
@@ -437,12 +468,16 @@ impl<'scope, E: Data> EventStream<'scope, E> {
                     if *entry.key() > watermark {
                         break;
                     }
-                    for k in entry.remove() {
+                    let (at, due) = entry.remove_entry();
+                    for k in due {
                         let Some(keyed) = keys.get_mut(&k) else { continue };
+                        if keyed.replay.trim_at != at {
+                            continue;
+                        }
+                        keyed.replay.trim_at = Timestamp::MAX;
                         trim(&matcher, &mut keyed.replay, horizon);
-                        if let Some(first) = keyed.replay.history.first() {
-                            trims.entry(first.0.saturating_add(allowed).saturating_add(1)).or_default().push(k);
-                        } else if keyed.is_idle() && keyed.timer == Timestamp::MAX {
+                        schedule_trim(&mut trims, &k, &mut keyed.replay, allowed, within);
+                        if keyed.is_idle() && keyed.timer == Timestamp::MAX {
                             keys.remove(&k);
                         }
                     }
@@ -558,9 +593,6 @@ fn expire_all<E: Clone>(
 /// can precede them any more, and their outputs are final.
 fn trim<K, E: Clone>(matcher: &Matcher<E>, replay: &mut Replay<K, E>, horizon: Timestamp) {
     let n = replay.history.partition_point(|(t, _)| *t < horizon);
-    if n == 0 {
-        return;
-    }
     let (mut found, mut timed_out) = (Vec::new(), Vec::new());
     for (t, e) in replay.history.drain(..n) {
         expire_all(matcher, &mut replay.base, t, &mut found, &mut timed_out);

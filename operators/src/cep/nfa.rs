@@ -38,6 +38,19 @@ pub(crate) struct Node<E> {
     start: (u64, Timestamp),
 }
 
+/// Dropped link by link: a long chain would overflow the stack if dropped recursively.
+impl<E> Drop for Node<E> {
+    fn drop(&mut self) {
+        let mut prev = self.prev.take();
+        while let Some(rc) = prev {
+            match Rc::try_unwrap(rc) {
+                Ok(mut node) => prev = node.prev.take(),
+                Err(_) => break,
+            }
+        }
+    }
+}
+
 impl<E> Node<E> {
     /// The taken events, oldest first.
     pub(crate) fn to_vec(&self) -> Vec<&Taken<E>> {

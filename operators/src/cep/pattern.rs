@@ -75,10 +75,12 @@ pub enum Contiguity {
 pub enum Greed {
     /// Both: every choice makes its own partial match (the default).
     Both,
-    /// As many as possible: the step is left only when the event after its
-    /// last one that the step could take (if any) is taken by the next step;
-    /// an event the step can take is never used to move on, nor skipped by a
-    /// partial match that moved on.
+    /// As many as possible: an event the step can take is never used to move
+    /// on to the next step, nor skipped by a partial match waiting for it, so
+    /// the next step follows a maximal run. A greedy step that can end the
+    /// pattern (it is last, or only optional steps or a trailing
+    /// `not_followed_by` follow) completes a match with each event it takes;
+    /// a skip strategy such as `SkipPastLastEvent` keeps the longest.
     Greedy,
     /// As few as possible: once the step has its minimum, an event the next
     /// step can take is not taken by this one.

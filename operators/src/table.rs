@@ -568,7 +568,25 @@ impl<'scope, D: Data> EventStream<'scope, D> {
     /// go to the late output. The table's versions are kept only as far back
     /// as an event can still arrive.
     ///
-    /// See the [module example](crate::table).
+    /// # Examples
+    /// ```
+    /// use highwater_operators::prelude::*;
+    /// use timely::dataflow::operators::ToStream;
+    /// use timely::dataflow::operators::capture::{Capture, Extract};
+    ///
+    /// let captured = timely::example(|scope| {
+    ///     // Exchange rates of currency 1: 10 from t=0, 12 from t=100.
+    ///     let rates = vec![((1u8, Some(10u32)), 0u64, 1i64), ((1, Some(12)), 100, 1)];
+    ///     let rates = EventStream::new(rates.to_stream(scope)).upsert(0).table;
+    ///     // Payments (currency, amount) at t=50 and t=150; currency 2 has no rate.
+    ///     let payments = vec![((1u8, 7u32), 50u64, 1i64), ((1, 7), 150, 1), ((2, 5), 60, 1)];
+    ///     let payments = EventStream::new(payments.to_stream(scope));
+    ///     payments.join_as_of(&rates, |p| p.0, 0).results.map(|((_, amount), rate)| amount * rate).inner.capture()
+    /// });
+    /// let mut out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).collect();
+    /// out.sort();
+    /// assert_eq!(out, vec![(70, 50, 1), (84, 150, 1)]);
+    /// ```
     pub fn join_as_of<K, V, KF>(
         &self,
         table: &Table<'scope, K, V>,
@@ -583,7 +601,8 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         self.as_of_core("JoinAsOf", table, key, allowed_lateness, |d, v| v.map(|v| (d, v.clone())))
     }
 
-    /// [`join_as_of`](Self::join_as_of), keeping events without a value (with `None`).
+    /// [`join_as_of`](Self::join_as_of), keeping events without a value (with
+    /// `None`). See the [module example](crate::table).
     pub fn left_join_as_of<K, V, KF>(
         &self,
         table: &Table<'scope, K, V>,
@@ -798,6 +817,27 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
 
     /// Left outer join: [`join`](Self::join), plus every row of this table
     /// that matches no row of `other`, with `None`.
+    ///
+    /// # Examples
+    /// ```
+    /// use highwater_operators::prelude::*;
+    /// use timely::dataflow::operators::ToStream;
+    /// use timely::dataflow::operators::capture::{Capture, Extract};
+    ///
+    /// let captured = timely::example(|scope| {
+    ///     // Order 1 belongs to customer 10, who appears at t=8.
+    ///     let orders = EventStream::new(vec![((1u32, Some(10u32)), 5u64, 1i64)].to_stream(scope)).upsert(0).table;
+    ///     let customers = EventStream::new(vec![((10u32, Some('a')), 8u64, 1i64)].to_stream(scope)).upsert(0).table;
+    ///     orders.left_join(&customers, |_, customer| *customer).inner.capture()
+    /// });
+    /// let mut out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).collect();
+    /// out.sort_by_key(|(_, t, r)| (*t, *r));
+    /// assert_eq!(out, vec![
+    ///     (((1, 10), None), 5, 1),
+    ///     (((1, 10), None), 8, -1),
+    ///     (((1, 10), Some((10, 'a'))), 8, 1),
+    /// ]);
+    /// ```
     pub fn left_join<J, W, F>(&self, other: &Table<'scope, J, W>, on: F) -> EventStream<'scope, LeftJoined<K, V, J, W>>
     where
         J: Key,
@@ -813,6 +853,30 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
 
     /// Full outer join: [`left_join`](Self::left_join), plus every row of
     /// `other` that no row of this table matches, with `None` on the left.
+    ///
+    /// # Examples
+    /// ```
+    /// use highwater_operators::prelude::*;
+    /// use timely::dataflow::operators::ToStream;
+    /// use timely::dataflow::operators::capture::{Capture, Extract};
+    ///
+    /// let captured = timely::example(|scope| {
+    ///     let orders = EventStream::new(vec![((1u32, Some(10u32)), 5u64, 1i64)].to_stream(scope)).upsert(0).table;
+    ///     // Customer 11 has no order.
+    ///     let customers = vec![((10u32, Some('a')), 1u64, 1i64), ((11, Some('b')), 1, 1)];
+    ///     let customers = EventStream::new(customers.to_stream(scope)).upsert(0).table;
+    ///     orders.full_join(&customers, |_, customer| *customer).inner.capture()
+    /// });
+    /// let mut net = std::collections::BTreeMap::new();
+    /// for (row, _t, r) in captured.extract().into_iter().flat_map(|(_, d)| d) {
+    ///     *net.entry(row).or_insert(0) += r;
+    /// }
+    /// net.retain(|_, r| *r != 0);
+    /// assert_eq!(net.into_keys().collect::<Vec<_>>(), vec![
+    ///     (None, Some((11, 'b'))),
+    ///     (Some((1, 10)), Some((10, 'a'))),
+    /// ]);
+    /// ```
     pub fn full_join<J, W, F>(&self, other: &Table<'scope, J, W>, on: F) -> EventStream<'scope, FullJoined<K, V, J, W>>
     where
         J: Key,

@@ -20,6 +20,10 @@
 //! cargo bench --bench cep -- --keys 1000000 --events 10000000 --runs 3 --workers 1,2
 //! ```
 
+mod common;
+
+use common::{median, Rng};
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -66,17 +70,6 @@ type Ev = (u64, u8, u32, u8);
 
 const FAIL: u8 = 0;
 const RESET: u8 = 2;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
@@ -187,11 +180,6 @@ fn run(mode: Mode, o: &Options, workers: usize) -> (f64, u64, Vec<f64>) {
     let secs = elapsed.load(Ordering::Relaxed) as f64 / 1e6;
     let samples = samples.lock().map(|s| s.clone()).unwrap_or_default();
     (events as f64 / secs, outputs.load(Ordering::Relaxed), samples)
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
 }
 
 fn main() {

@@ -14,6 +14,10 @@
 //!
 //! Prints Markdown tables for BENCHMARKS.md.
 
+mod common;
+
+use common::median;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -74,11 +78,6 @@ fn run(query: &str, input: &[String], workers: usize, source_only: bool) -> (f64
     assert!(out.status.success(), "{query}: {stderr}");
     let summary = stderr.lines().last().unwrap_or_default();
     (field(summary, "events/s"), field(summary, "peak_rss_mib"))
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
 }
 
 fn throughput(o: &Options) {

@@ -22,6 +22,10 @@
 //! cargo bench --bench tables -- --keys 1000000 --events 10000000 --updates 2000000 --runs 3 --workers 1,2
 //! ```
 
+mod common;
+
+use common::{median, Rng};
+
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,18 +66,6 @@ fn parse_args() -> Options {
         }
     }
     o
-}
-
-/// A cheap, seedable pseudo-random sequence (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
 }
 
 const BATCH: u64 = 10_000;
@@ -218,11 +210,6 @@ fn run(mode: Mode, o: &Options, workers: usize) -> (f64, u64) {
     let total = if matches!(mode, Mode::Enrich | Mode::EnrichBaseline) { events } else { updates };
     let secs = elapsed.load(Ordering::Relaxed) as f64 / 1e6;
     (total as f64 / secs, outputs.load(Ordering::Relaxed))
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
 }
 
 fn main() {

@@ -507,18 +507,6 @@ struct Versioned<V> {
 }
 
 impl<V: PartialEq> Versioned<V> {
-    fn bump(acc: &mut SmallVec<[(V, Diff); 1]>, value: V, diff: Diff) {
-        match acc.iter_mut().position(|(x, _)| *x == value) {
-            Some(i) => {
-                acc[i].1 += diff;
-                if acc[i].1 == 0 {
-                    acc.remove(i);
-                }
-            }
-            None => acc.push((value, diff)),
-        }
-    }
-
     /// The value as of `time`: the one whose updates up to `time` sum to a
     /// positive count.
     fn as_of(&self, time: Timestamp) -> Option<&V> {
@@ -539,7 +527,7 @@ impl<V: PartialEq> Versioned<V> {
     fn compact(&mut self, horizon: Timestamp) -> bool {
         let n = self.changes.partition_point(|(t, _, _)| *t <= horizon);
         for (_, v, d) in self.changes.drain(..n) {
-            Self::bump(&mut self.base, v, d);
+            bump(&mut self.base, v, d);
         }
         self.base.is_empty() && self.changes.is_empty()
     }
@@ -667,7 +655,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                                 .entry(k.clone())
                                 .or_insert_with(|| Versioned { base: SmallVec::new(), changes: Vec::new() });
                             if time <= horizon {
-                                Versioned::bump(&mut entry.base, v, diff);
+                                bump(&mut entry.base, v, diff);
                                 if entry.base.is_empty() && entry.changes.is_empty() {
                                     versions.remove(&k);
                                 }

@@ -1,0 +1,22 @@
+//! Pieces the benchmark harnesses share.
+
+#![allow(dead_code)]
+
+/// The median of some measurements (the upper one of an even count).
+pub(crate) fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// A cheap, seedable pseudo-random sequence (xorshift64*).
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    /// The next number.
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}

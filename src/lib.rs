@@ -12,6 +12,7 @@
 
 pub mod cdc;
 pub mod cep;
+pub mod checkpoint;
 pub mod cli;
 pub mod cluster;
 pub mod dead_letter;

@@ -39,6 +39,8 @@ impl<'scope, D: Data> EventStream<'scope, D> {
     /// assert_eq!(table.into_keys().collect::<Vec<_>>(), vec![('a', 2i64), ('b', 1)]);
     /// ```
     pub fn as_collection(&self) -> VecCollection<'scope, Timestamp, D, Diff> {
+        // Differential arrangements downstream keep state of their own.
+        crate::checkpoint::unsupported("AsCollection");
         self.inner
             .clone()
             .unary(Pipeline, "AsCollection", |_cap, _info| {

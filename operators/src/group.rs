@@ -68,6 +68,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         let key = Rc::new(key);
         let key_route = Rc::clone(&key);
         let pact = Exchange::new(move |u: &Update<D>| route(&key_route(&u.0)));
+        crate::checkpoint::unsupported(name);
         let inner = self.inner.clone().unary_frontier(pact, name, move |_cap, _info| {
             let mut table: StateMap<K, Entry<A::Acc>> = StateMap::default();
             // Input waiting for the watermark, by timely time.

@@ -45,6 +45,16 @@ impl Hold {
         }
     }
 
+    /// Owes output at `time` on recovery, minting the capabilities from the
+    /// operator's initial ones (one per output port, the first for port 0).
+    pub(crate) fn restore(&mut self, time: Timestamp, initial: &[Capability<Timestamp>]) {
+        *self.times.entry(time).or_insert(0) += 1;
+        if self.cap.as_ref().is_none_or(|c| *c.time() > time) {
+            self.cap = Some(initial[0].delayed(&time));
+            self.others = (1..self.outputs.max(1)).map(|port| initial[port].delayed(&time)).collect();
+        }
+    }
+
     /// Makes sure a capability is held no later than `input`'s time, without
     /// promising output there: [`settle`](Hold::settle) with a floor keeps it.
     pub(crate) fn retain(&mut self, input: &InputCapability<Timestamp>) {

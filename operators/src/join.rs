@@ -9,6 +9,7 @@ use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
 use timely::dataflow::operators::generic::OutputBuilder;
 
 use crate::aggregate::Collect;
+use crate::checkpoint::{decode, encode, Checkpointer, Entry};
 use crate::key::{route, Data, Key, StateMap};
 use crate::late::{Counter, LateOutput};
 use crate::stream::{EventStream, Update};
@@ -79,6 +80,13 @@ struct Left<L> {
 
 /// The records one side holds for a key, in arrival order, and the time a
 /// release check is scheduled for them (`Timestamp::MAX`: none).
+/// A checkpoint entry of a two-sided join: a key and what one side holds for it.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+enum Sided<K, A, B> {
+    Left(K, A),
+    Right(K, B),
+}
+
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Held<T> {
     items: VecDeque<T>,
@@ -292,9 +300,17 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         let pact_left = Exchange::new(move |u: &Update<L>| route(&kl(&u.0)));
         let pact_right = Exchange::new(move |u: &Update<R>| route(&kr(&u.0)));
 
+        let mut checkpointer = Checkpointer::new();
+        let (left_in, right_in) = match checkpointer.as_ref() {
+            Some(c) => (c.gate(self), c.gate(other)),
+            None => (self.clone(), other.clone()),
+        };
         let mut builder = OperatorBuilder::new(name.to_owned(), self.scope());
-        let mut input_left = builder.new_input(self.inner.clone(), pact_left);
-        let mut input_right = builder.new_input(other.inner.clone(), pact_right);
+        if let Some(c) = checkpointer.as_mut() {
+            c.register(name, &builder.operator_info().address);
+        }
+        let mut input_left = builder.new_input(left_in.inner, pact_left);
+        let mut input_right = builder.new_input(right_in.inner, pact_right);
         let (results_out, results) = builder.new_output();
         let (late_left_out, late_left) = builder.new_output();
         let (late_right_out, late_right) = builder.new_output();
@@ -311,6 +327,25 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
             let mut rights: StateMap<K, Held<(R, Timestamp, Diff)>> = StateMap::default();
             let mut left_due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
             let mut right_due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
+            // Recovery: the records each side holds, and when they are due for release.
+            if let Some((_, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
+                for (_, bytes) in entries {
+                    match decode::<Sided<K, Held<Left<L>>, Held<(R, Timestamp, Diff)>>>(&bytes) {
+                        Sided::Left(k, held) => {
+                            if held.scheduled != Timestamp::MAX {
+                                left_due.entry(held.scheduled).or_default().push(k.clone());
+                            }
+                            lefts.insert(k, held);
+                        }
+                        Sided::Right(k, held) => {
+                            if held.scheduled != Timestamp::MAX {
+                                right_due.entry(held.scheduled).or_default().push(k.clone());
+                            }
+                            rights.insert(k, held);
+                        }
+                    }
+                }
+            }
 
             move |frontiers| {
                 let mut results = results_out.activate();
@@ -393,6 +428,18 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                 if left_watermark == END_OF_TIME && right_watermark == END_OF_TIME {
                     lefts.clear();
                     rights.clear();
+                }
+                if let Some(c) = checkpointer.as_ref() {
+                    while let Some(cut) = c.due(left_watermark.min(right_watermark)) {
+                        let mut entries: Vec<Entry> = Vec::with_capacity(lefts.len() + rights.len());
+                        for (k, held) in lefts.iter() {
+                            entries.push((route(k), encode(&Sided::<_, _, ()>::Left(k, held))));
+                        }
+                        for (k, held) in rights.iter() {
+                            entries.push((route(k), encode(&Sided::<_, (), _>::Right(k, held))));
+                        }
+                        c.submit(cut, entries);
+                    }
                 }
             }
         });

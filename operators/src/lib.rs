@@ -28,6 +28,7 @@
 
 pub mod aggregate;
 pub mod cep;
+pub mod checkpoint;
 pub mod collection;
 mod group;
 mod hold;

@@ -158,6 +158,7 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
     pub fn upsert(&self, allowed_lateness: u64) -> Upserted<'scope, K, V> {
         let lateness = AllowedLateness(allowed_lateness);
         let pact = Exchange::new(|u: &Update<(K, Option<V>)>| route(&(u.0).0));
+        crate::checkpoint::unsupported("Upsert");
         let mut builder = OperatorBuilder::new("Upsert".to_owned(), self.scope());
         let mut input = builder.new_input(self.inner.clone(), pact);
         let (log_out, log) = builder.new_output();
@@ -625,6 +626,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         let route_key = Rc::clone(&key);
         let pact_table = Exchange::new(|u: &Update<(K, V)>| route(&(u.0).0));
         let pact_stream = Exchange::new(move |u: &Update<D>| route(&route_key(&u.0)));
+        crate::checkpoint::unsupported(name);
         let mut builder = OperatorBuilder::new(name.to_owned(), self.scope());
         let mut table_in = builder.new_input(table.changelog.inner.clone(), pact_table);
         let mut stream_in = builder.new_input(self.inner.clone(), pact_stream);

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,13 +14,16 @@ use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::ProbeHandle;
 
 use super::progress::{summary, Gauges, Progress};
+use crate::checkpoint::{CheckpointConfig, Checkpoints};
 use crate::dead_letter::DeadLetter;
 use crate::nexmark::queries::{q10_partition, QueryKind};
 use crate::nexmark::{
     build, Event, Generator, GeneratorConfig, GeneratorSource, NexmarkDecoder, Query, QueryOptions, QueryOutput,
 };
 use crate::operators::{EventStream, Timestamp};
-use crate::sink::{write, write_json_lines, write_lines, LineTarget, Placement, Sink, SinkError, SinkHandle, SinkMode};
+use crate::sink::{
+    write, write_json_lines, write_lines, write_parts, LineTarget, Placement, Sink, SinkError, SinkHandle, SinkMode,
+};
 use crate::source::{read, JsonLines, SourceOptions, SourceStreams};
 use crate::time::{Millis, WatermarkStrategy};
 
@@ -83,6 +87,27 @@ pub(super) struct NexmarkArgs {
     /// baseline benchmarks compare queries with.
     #[arg(long)]
     source_only: bool,
+    /// Generator: partitions (default one per worker, 4 with checkpoints so
+    /// that a job can recover with a different number of workers).
+    #[arg(long)]
+    partitions: Option<usize>,
+    /// Take checkpoints into this directory (or `s3://bucket/prefix`).
+    #[arg(long)]
+    checkpoint_dir: Option<String>,
+    /// Processing time between checkpoints.
+    #[arg(long, default_value = "1s", requires = "checkpoint_dir")]
+    checkpoint_interval: Millis,
+    /// Complete checkpoints to keep.
+    #[arg(long, default_value_t = 3, requires = "checkpoint_dir")]
+    checkpoints_kept: usize,
+    /// Resume from the latest complete checkpoint in --checkpoint-dir (start
+    /// afresh if there is none).
+    #[arg(long, requires = "checkpoint_dir")]
+    recover: bool,
+    /// Exactly-once output: a directory of committed CSV part files
+    /// (`part-{checkpoint}.csv`, each with the header row), one per checkpoint.
+    #[arg(long, requires = "checkpoint_dir", conflicts_with_all = ["output", "discard"])]
+    output_dir: Option<PathBuf>,
     /// Timely arguments: -w THREADS, -n PROCESSES, -p INDEX, -h HOSTFILE.
     #[arg(last = true)]
     timely: Vec<String>,
@@ -219,6 +244,28 @@ impl Sink for PartitionedCsv {
 
 pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     let config = crate::cluster::config_from_args(&args.timely)?;
+    let checkpoints = match &args.checkpoint_dir {
+        Some(location) => {
+            if matches!(config.communication, timely::CommunicationConfig::Cluster { .. }) {
+                bail!("--checkpoint-dir: checkpoints are supported within one process (-w), not across processes (-n)");
+            }
+            let checkpoint_config = CheckpointConfig {
+                location: location.clone(),
+                interval: Duration::from_millis(args.checkpoint_interval.0.max(1)),
+                keep: args.checkpoints_kept,
+                recover: args.recover,
+            };
+            let checkpoints = Checkpoints::open(checkpoint_config, crate::cluster::threads(&config))
+                .with_context(|| format!("opening the checkpoints in {location}"))?;
+            if let Some(m) = checkpoints.restored().filter(|m| m.is_final()) {
+                eprintln!("checkpoint {} is the final one: the job has completed, nothing to do", m.id);
+                checkpoints.finish()?;
+                return Ok(());
+            }
+            Some(checkpoints)
+        }
+        None => None,
+    };
     let input = if !args.input.is_empty() {
         let source = if args.input.len() == 1 && args.input[0].as_os_str() == "-" {
             JsonLines::stdin(NexmarkDecoder)
@@ -233,6 +280,7 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
             rate: args.rate,
             max_out_of_order_ms: args.max_out_of_order.0,
             real_time: args.real_time,
+            partitions: args.partitions.unwrap_or(if checkpoints.is_some() { 4 } else { 0 }),
             ..Default::default()
         })?;
         Input::Generator(Arc::new(generator))
@@ -249,6 +297,7 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
         batch_size: args.batch_size.max(1),
         max_in_flight: args.max_in_flight,
         start_offsets: Vec::new(),
+        checkpoints: checkpoints.clone(),
         ..Default::default()
     };
     if args.query.0 == 10 && args.output.is_some() {
@@ -266,9 +315,14 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     let (query, output, discard, dead_path) =
         (args.query, args.output.clone(), args.discard, args.dead_letters.clone());
     let source_only = args.source_only;
-    let (g, s) = (gauges.clone(), Arc::clone(&sinks));
+    let output_dir = args.output_dir.clone();
+    let (g, s, ck) = (gauges.clone(), Arc::clone(&sinks), checkpoints.clone());
     let guards = crate::cluster::execute(config, move |worker| -> anyhow::Result<()> {
         let probe = ProbeHandle::new();
+        let index = worker.index();
+        if let Some(ck) = ck.as_ref() {
+            crate::operators::checkpoint::install(Some(Rc::new(ck.worker(index))));
+        }
         worker.dataflow::<Timestamp, _, _>(|scope| -> anyhow::Result<()> {
             let streams = events(scope, &input, source_options.clone(), &g, &probe)?;
             let out = if source_only {
@@ -284,6 +338,10 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
             watch_watermark(&rows, &g);
             let header = out.header.join(",");
             let handle = match (&output, query.0) {
+                _ if output_dir.is_some() => {
+                    let (dir, ck) = (output_dir.clone().expect("matched"), ck.as_ref().expect("required by clap"));
+                    write_parts(&rows, "Output", dir, Some(header), ck)?
+                }
                 (Some(dir), 10) => {
                     let dir = dir.clone();
                     write(&rows, "WritePartitioned", Placement::Worker0, move |_, _| {
@@ -310,11 +368,25 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
                 sinks.1.extend(dead);
             }
             Ok(())
-        })
+        })?;
+        if let Some(ck) = ck.as_ref() {
+            crate::operators::checkpoint::install(None);
+            ck.built(index)?;
+        }
+        Ok(())
     })
     .map_err(|e| anyhow::anyhow!("starting the workers: {e}"))?;
-    super::join_workers(guards)?;
+    let joined = super::join_workers(guards);
     drop(progress);
+    if let Some(ck) = checkpoints.as_ref() {
+        let finished = ck.finish().context("checkpointing");
+        joined?;
+        if !finished? {
+            bail!("the job ended without writing its final checkpoint");
+        }
+    } else {
+        joined?;
+    }
 
     let (row_sinks, dead_sinks) = sinks.lock().map(|s| s.clone()).unwrap_or_default();
     let rows: u64 = row_sinks.iter().map(|s| s.lines.get()).sum();

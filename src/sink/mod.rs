@@ -10,6 +10,7 @@
 mod collect;
 mod csv;
 mod lines;
+mod parts;
 
 use std::sync::{Arc, Mutex};
 
@@ -21,6 +22,7 @@ use timely::dataflow::operators::generic::Operator;
 pub use collect::{collect, Collected};
 pub use csv::{csv_field, CsvRow};
 pub use lines::{write_json_lines, write_lines, LineSink, LineTarget, SinkMode};
+pub use parts::write_parts;
 
 /// An error writing to a sink: what failed and on which output.
 #[derive(Debug, thiserror::Error)]

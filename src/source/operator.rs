@@ -6,13 +6,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use highwater_operators::{Counter, EventStream, Timestamp, Update};
+use highwater_operators::checkpoint::CheckpointId;
+use highwater_operators::{Counter, EventStream, Timestamp, Update, END_OF_TIME};
 use timely::container::CapacityContainerBuilder;
 use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
 use timely::dataflow::operators::generic::OutputBuilder;
 use timely::dataflow::{ProbeHandle, Scope};
 
 use super::{Offset, PartitionReader, ReadStatus, Source, SourceError};
+use crate::checkpoint::{Checkpoints, PartitionState};
 use crate::dead_letter::DeadLetter;
 use crate::time::{PartitionWatermark, WatermarkStrategy};
 
@@ -39,6 +41,11 @@ pub struct SourceOptions {
     /// partitions are all idle holds the watermark at the highest it reached
     /// until they resume or end.
     pub board: WatermarkBoard,
+    /// The job's checkpoints, if it takes any: the source then reports its
+    /// partitions' offsets and watermarks at every cut, resumes from a
+    /// restored checkpoint's (overriding `start_offsets`), and holds its
+    /// capability after its partitions end until every source has ended.
+    pub checkpoints: Option<Checkpoints>,
 }
 
 /// The watermarks of the workers of one process reading one source.
@@ -96,6 +103,7 @@ impl Default for SourceOptions {
             max_in_flight: 500_000,
             start_offsets: Vec::new(),
             board: WatermarkBoard::default(),
+            checkpoints: None,
         }
     }
 }
@@ -136,6 +144,78 @@ struct Partition<R> {
     reader: R,
     watermark: PartitionWatermark,
     idle: bool,
+    /// The offset it was opened at.
+    from: Option<Offset>,
+    /// Whether it has returned records since.
+    read_any: bool,
+    /// With checkpoints: where the partition stood before the first batch it
+    /// emitted at each new output time, since the last cut.
+    log: VecDeque<Mark>,
+    done: bool,
+}
+
+/// A partition's position and watermark before a batch emitted at `emit_at`.
+#[derive(Clone, Copy, Debug)]
+struct Mark {
+    emit_at: Timestamp,
+    offset: Option<Offset>,
+    max_seen: Option<Timestamp>,
+    floor: Timestamp,
+}
+
+impl<R: PartitionReader> Partition<R> {
+    /// Where the partition stands now.
+    fn mark(&self, emit_at: Timestamp) -> Mark {
+        Mark {
+            emit_at,
+            offset: if self.read_any { Some(self.reader.offset()) } else { self.from },
+            max_seen: self.watermark.max_seen(),
+            floor: self.watermark.floor(),
+        }
+    }
+
+    /// The partition at the cut at `time`: as it stood before its first batch
+    /// emitted at or after `time`, or as it stands now if there was none.
+    fn at_cut(&self, time: Timestamp) -> PartitionState {
+        let (mark, done) = match self.log.iter().find(|m| m.emit_at >= time) {
+            Some(m) => (*m, false),
+            None => (self.mark(time), self.done),
+        };
+        PartitionState { partition: self.index, offset: mark.offset, max_seen: mark.max_seen, floor: mark.floor, done }
+    }
+}
+
+/// Reports this worker's partitions for every begun cut its capability has
+/// passed (`held`: the capability's time and the partitions still read), or
+/// for every begun cut if all its partitions have ended (`held` is `None`);
+/// then forgets the positions no later cut can need.
+fn report_cuts<R: PartitionReader>(
+    checkpoints: &Checkpoints,
+    source: &str,
+    reported: &mut Option<CheckpointId>,
+    ended: &mut [Partition<R>],
+    mut held: Option<(Timestamp, &mut Vec<Partition<R>>, &mut VecDeque<Partition<R>>)>,
+) {
+    while let Some(cut) = checkpoints.cut_after(*reported) {
+        if held.as_ref().is_some_and(|(time, _, _)| *time < cut.time) {
+            break;
+        }
+        let mut partitions: Vec<PartitionState> = ended.iter().map(|p| p.at_cut(cut.time)).collect();
+        if let Some((_, open, queue)) = held.as_mut() {
+            partitions.extend(open.iter().chain(queue.iter()).map(|p| p.at_cut(cut.time)));
+        }
+        checkpoints.submit_source(source, cut, partitions);
+        *reported = Some(cut.id);
+        let trim = |p: &mut Partition<R>| {
+            while p.log.front().is_some_and(|m| m.emit_at < cut.time) {
+                p.log.pop_front();
+            }
+        };
+        ended.iter_mut().for_each(trim);
+        if let Some((_, open, queue)) = held.as_mut() {
+            open.iter_mut().chain(queue.iter_mut()).for_each(trim);
+        }
+    }
 }
 
 /// Reads `source` into the dataflow.
@@ -168,10 +248,43 @@ where
 {
     let (index, peers) = (scope.index(), scope.peers());
     let names = source.partitions()?;
+    let checkpoints = options.checkpoints.clone();
+    let restored = checkpoints.as_ref().and_then(|c| c.restored_partitions(&options.name));
+    if let Some(restored) = restored {
+        if restored.len() != names.len() {
+            return Err(SourceError::Config(format!(
+                "source {}: the checkpoint has {} partitions, the source now has {}",
+                options.name,
+                restored.len(),
+                names.len()
+            )));
+        }
+    }
+    let restored_time = checkpoints.as_ref().and_then(|c| c.restored_time());
+    if let Some(c) = checkpoints.as_ref() {
+        c.register_source(&options.name, index);
+    }
     let mut queue = VecDeque::new();
     for i in (0..names.len()).filter(|i| i % peers == index) {
-        let from = options.start_offsets.iter().find(|(p, _)| *p == i).map(|(_, o)| *o);
-        queue.push_back((i, source.open(i, from)?));
+        let mut watermark = PartitionWatermark::new(options.watermark.clone(), options.idle_timeout);
+        let from = match restored.and_then(|r| r.iter().find(|p| p.partition == i)) {
+            Some(state) => {
+                watermark.restore(state.max_seen, state.floor);
+                state.offset
+            }
+            None => options.start_offsets.iter().find(|(p, _)| *p == i).map(|(_, o)| *o),
+        };
+        let reader = source.open(i, from)?;
+        queue.push_back(Partition {
+            index: i,
+            reader,
+            watermark,
+            idle: false,
+            from,
+            read_any: false,
+            log: VecDeque::new(),
+            done: false,
+        });
     }
     tracing::debug!(source = %options.name, worker = index, partitions = queue.len(), "opened source partitions");
 
@@ -189,6 +302,21 @@ where
         let mut dead_cap = capabilities.pop();
         let mut cap = capabilities.pop();
         let mut open: Vec<Partition<S::Reader>> = Vec::new();
+        // Exhausted partitions, kept for the cuts that still need their log.
+        let mut ended: Vec<Partition<S::Reader>> = Vec::new();
+        // Checkpoints: the last cut reported, the highest time published, whether the end was reported.
+        let mut reported: Option<CheckpointId> = None;
+        let mut published: Timestamp = 0;
+        let mut announced_end = false;
+        if let (Some(c), Some(t)) = (cap.as_mut(), restored_time) {
+            // A recovered source resumes at the checkpoint's time.
+            if t < END_OF_TIME {
+                c.downgrade(&t);
+                if let Some(d) = dead_cap.as_mut() {
+                    d.downgrade(&t);
+                }
+            }
+        }
         let mut updates: Vec<Update<S::Record>> = Vec::new();
         let mut dead_letters = Vec::new();
         // Records read, by the time they went out at (partitions' times interleave).
@@ -202,10 +330,9 @@ where
             let Some(held) = cap.as_mut() else { return };
             let now = Instant::now();
             while open.len() < concurrent {
-                let Some((index, reader)) = queue.pop_front() else { break };
-                let mut watermark = PartitionWatermark::new(options.watermark.clone(), options.idle_timeout);
-                watermark.touch(now);
-                open.push(Partition { index, reader, watermark, idle: false });
+                let Some(mut partition) = queue.pop_front() else { break };
+                partition.watermark.touch(now);
+                open.push(partition);
             }
 
             // Credit: records not yet past the probe.
@@ -240,6 +367,7 @@ where
                 for partition in open.iter_mut() {
                     // The batch goes out at the partition's watermark before it.
                     let emit_at = (*held.time()).max(partition.watermark.current());
+                    let before = partition.mark(emit_at);
                     let (mut max_time, mut late) = (0, 0);
                     let mut take = |record: S::Record| {
                         let time = time_of(&record);
@@ -266,6 +394,18 @@ where
                         partition.watermark.touch(now);
                         partition.idle = false;
                         let n = updates.len();
+                        if let Some(c) = checkpoints.as_ref() {
+                            // The next cut lies above every time emitted at, and the
+                            // partition's position before this time is on record.
+                            if emit_at > published {
+                                c.publish(emit_at);
+                                published = emit_at;
+                            }
+                            if partition.log.back().is_none_or(|m| m.emit_at < emit_at) {
+                                partition.log.push_back(before);
+                            }
+                        }
+                        partition.read_any = true;
                         if n > 0 {
                             partition.watermark.observe(max_time);
                             metrics.records.add(n as u64);
@@ -296,17 +436,41 @@ where
                     if status == ReadStatus::End {
                         highest = highest.max(partition.watermark.current());
                         partition.idle = true;
-                        partition.index = usize::MAX;
+                        partition.done = true;
                     } else if status == ReadStatus::Idle && partition.watermark.is_idle(now) {
                         partition.idle = true;
                     }
                 }
-                open.retain(|p| p.index != usize::MAX);
+                let (done, active): (Vec<_>, Vec<_>) = open.drain(..).partition(|p| p.done);
+                open = active;
+                if checkpoints.is_some() {
+                    ended.extend(done);
+                }
             }
 
             if open.is_empty() && queue.is_empty() {
                 // Done: idle workers may follow as far as this one got.
                 options.board.post(index, Posted::Resting(highest));
+                if let Some(c) = checkpoints.as_ref() {
+                    // Held until every source has ended, so that no operator
+                    // runs ahead of a cut still to come.
+                    if !std::mem::replace(&mut announced_end, true) {
+                        c.source_finished(&options.name, index);
+                    }
+                    let final_begun = c.final_begun();
+                    report_cuts(c, &options.name, &mut reported, &mut ended, None);
+                    if !final_begun {
+                        let horizon = c.horizon();
+                        if let Some(held) = cap.as_mut().filter(|h| *h.time() < horizon) {
+                            held.downgrade(&horizon);
+                            if let Some(d) = dead_cap.as_mut() {
+                                d.downgrade(&horizon);
+                            }
+                        }
+                        activator.activate_after(Duration::from_millis(5));
+                        return;
+                    }
+                }
                 cap = None;
                 dead_cap = None;
                 return;
@@ -326,11 +490,19 @@ where
             });
             if let Some(w) = watermark {
                 if w > *held.time() {
+                    if let Some(c) = checkpoints.as_ref().filter(|_| w > published) {
+                        c.publish(w);
+                        published = w;
+                    }
                     held.downgrade(&w);
                     if let Some(d) = dead_cap.as_mut() {
                         d.downgrade(&w);
                     }
                 }
+            }
+            if let Some(c) = checkpoints.as_ref() {
+                let held_at = *held.time();
+                report_cuts(c, &options.name, &mut reported, &mut ended, Some((held_at, &mut open, &mut queue)));
             }
             if any_data || open.len() < concurrent && !queue.is_empty() {
                 activator.activate();

@@ -142,6 +142,17 @@ impl PartitionWatermark {
     pub fn max_seen(&self) -> Option<Timestamp> {
         self.max_seen
     }
+
+    /// The floor raised by [`advance_to`](Self::advance_to).
+    pub fn floor(&self) -> Timestamp {
+        self.floor
+    }
+
+    /// Resumes from a checkpointed state: the greatest event time seen and the floor.
+    pub fn restore(&mut self, max_seen: Option<Timestamp>, floor: Timestamp) {
+        self.max_seen = max_seen;
+        self.floor = floor;
+    }
 }
 
 #[cfg(test)]

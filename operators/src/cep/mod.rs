@@ -320,6 +320,7 @@ impl<'scope, E: Data> EventStream<'scope, E> {
         let key = Rc::new(key);
         let route_key = Rc::clone(&key);
         let pact = Exchange::new(move |u: &Update<E>| route(&route_key(&u.0)));
+        crate::checkpoint::unsupported("MatchPattern");
         let mut builder = OperatorBuilder::new("MatchPattern".to_owned(), self.scope());
         let mut input = builder.new_input(self.inner.clone(), pact);
         let (matches_out, matches) = builder.new_output();

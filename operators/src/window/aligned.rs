@@ -10,8 +10,9 @@ use timely::dataflow::operators::InputCapability;
 
 use super::{skeleton, AssignWindows, Skeleton, Window, WindowResult, Windowed};
 use crate::aggregate::Aggregate;
+use crate::checkpoint::{decode, encode, Entry};
 use crate::hold::Hold;
-use crate::key::{Data, Key, StateMap};
+use crate::key::{route, Data, Key, StateMap};
 use crate::stream::EventStream;
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
 
@@ -95,6 +96,51 @@ impl<K: Key, Acc, O: Clone> State<K, Acc, O> {
     }
 }
 
+impl<K: Key, Acc, O> State<K, Acc, O>
+where
+    Acc: serde::Serialize + serde::de::DeserializeOwned,
+    O: serde::Serialize + serde::de::DeserializeOwned,
+{
+    /// The state as checkpoint entries, one per window and key, routed by key.
+    /// Taken when the watermark is at the cut and everything it completes
+    /// has fired, so no correction is pending.
+    fn snapshot(&self) -> Vec<Entry> {
+        debug_assert!(self.dirty.is_empty(), "corrections go out with the records that cause them");
+        let mut entries = Vec::new();
+        for (end, bucket) in self.buckets.iter() {
+            for ((start, key), slot) in bucket.slots.iter() {
+                entries.push((route(key), encode(&(end, start, key, slot))));
+            }
+        }
+        entries
+    }
+
+    /// Rebuilds the state checkpointed at `time` from this worker's `entries`:
+    /// windows ending after `time` owe their results at their last millisecond
+    /// (their records all arrived before `time`, so none was late for them).
+    fn restore(
+        &mut self,
+        time: Timestamp,
+        entries: Vec<Entry>,
+        hold: &mut Hold,
+        initial: &[timely::dataflow::operators::Capability<Timestamp>],
+    ) {
+        self.fired_upto = time;
+        for (_, bytes) in entries {
+            let (end, start, key, slot): (Timestamp, Timestamp, K, Slot<Acc, O>) = decode(&bytes);
+            let bucket = self
+                .buckets
+                .entry(end)
+                .or_insert_with(|| Bucket { emit_at: Timestamp::MAX, slots: StateMap::default() });
+            if end > time && bucket.emit_at == Timestamp::MAX {
+                bucket.emit_at = end - 1;
+                hold.restore(end - 1, initial);
+            }
+            bucket.slots.insert((start, key), slot);
+        }
+    }
+}
+
 pub(super) fn aggregate<'scope, D, K, KF, W, A>(
     stream: &EventStream<'scope, D>,
     name: &str,
@@ -111,13 +157,19 @@ where
     A: Aggregate<D>,
 {
     let key = Rc::new(key);
-    let (Skeleton { builder, mut input, results: mut results_out, late: mut late_out, late_count }, windowed) =
-        skeleton(stream, name, &key);
+    let (
+        Skeleton { builder, checkpointer, mut input, results: mut results_out, late: mut late_out, late_count },
+        windowed,
+    ) = skeleton(stream, name, &key, true);
     let counter = late_count;
 
-    builder.build(move |_initial_capabilities| {
+    builder.build(move |initial_capabilities| {
         let mut state = State::<K, A::Acc, A::Output>::new();
         let mut hold = Hold::default();
+        if let Some((time, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
+            state.restore(time, entries, &mut hold, &initial_capabilities);
+        }
+        drop(initial_capabilities);
         let mut assigned: SmallVec<[Window; 4]> = SmallVec::new();
         move |frontiers| {
             let mut results = results_out.activate();
@@ -196,6 +248,11 @@ where
                         break;
                     }
                     entry.remove();
+                }
+            }
+            if let Some(c) = checkpointer.as_ref() {
+                while let Some(cut) = c.due(watermark) {
+                    c.submit(cut, state.snapshot());
                 }
             }
         }

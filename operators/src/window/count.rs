@@ -130,8 +130,10 @@ where
     A: Aggregate<D>,
 {
     let key = Rc::new(key);
-    let (Skeleton { builder, mut input, results: mut results_out, late: mut late_out, late_count }, windowed) =
-        skeleton(stream, name, &key);
+    let (
+        Skeleton { builder, checkpointer: _, mut input, results: mut results_out, late: mut late_out, late_count },
+        windowed,
+    ) = skeleton(stream, name, &key, false);
     let counter = late_count;
 
     // The windows ending at absolute indexes `from..to`, computed from `history`.

@@ -290,8 +290,10 @@ where
     A: Aggregate<D>,
 {
     let key = Rc::new(key);
-    let (Skeleton { builder, mut input, results: mut results_out, late: mut late_out, late_count }, windowed) =
-        skeleton(stream, name, &key);
+    let (
+        Skeleton { builder, checkpointer: _, mut input, results: mut results_out, late: mut late_out, late_count },
+        windowed,
+    ) = skeleton(stream, name, &key, false);
     let counter = late_count;
     let address = builder.operator_info().address;
     let activator = stream.scope().activator_for(address);

@@ -51,6 +51,7 @@ use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
 use timely::dataflow::operators::generic::{InputHandleCore, OutputBuilder};
 
 use crate::aggregate::Aggregate;
+use crate::checkpoint::Checkpointer;
 use crate::key::route;
 use crate::key::{Data, Key};
 use crate::late::{Counter, LateOutput};
@@ -117,6 +118,9 @@ type OutputOf<T> = OutputBuilder<Timestamp, CapacityContainerBuilder<Vec<Update<
 /// output of results and one of late records, and the late records' counter.
 struct Skeleton<'scope, D: 'static, K: 'static, O: 'static> {
     builder: OperatorBuilder<'scope, Timestamp>,
+    /// The link to the checkpointing runtime, if one is installed and the
+    /// operator can be checkpointed.
+    checkpointer: Option<Checkpointer>,
     input: KeyedInput<D>,
     results: OutputOf<WindowResult<K, O>>,
     late: OutputOf<D>,
@@ -124,11 +128,14 @@ struct Skeleton<'scope, D: 'static, K: 'static, O: 'static> {
 }
 
 /// Builds the skeleton of a window operator named `name` keyed by `key`, and
-/// the [`Windowed`] streams it will produce.
+/// the [`Windowed`] streams it will produce. A `checkpointable` operator reads
+/// its input through a checkpoint gate when checkpoints are on; the others
+/// declare themselves unsupported.
 fn skeleton<'scope, D, K, O, KF>(
     stream: &EventStream<'scope, D>,
     name: &str,
     key: &Rc<KF>,
+    checkpointable: bool,
 ) -> (Skeleton<'scope, D, K, O>, Windowed<'scope, K, O, D>)
 where
     D: Data,
@@ -138,7 +145,17 @@ where
 {
     let key = Rc::clone(key);
     let pact = Exchange::new(move |u: &Update<D>| route(&key(&u.0)));
+    let mut checkpointer = if checkpointable {
+        Checkpointer::new()
+    } else {
+        crate::checkpoint::unsupported(name);
+        None
+    };
+    let stream = checkpointer.as_ref().map_or_else(|| stream.clone(), |c| c.gate(stream));
     let mut builder = OperatorBuilder::new(name.to_owned(), stream.scope());
+    if let Some(c) = checkpointer.as_mut() {
+        c.register(name, &builder.operator_info().address);
+    }
     let input = builder.new_input(stream.inner.clone(), pact);
     let (results_out, results) = builder.new_output();
     let (late_out, late) = builder.new_output();
@@ -149,6 +166,7 @@ where
     };
     let skeleton = Skeleton {
         builder,
+        checkpointer,
         input,
         results: OutputBuilder::from(results_out),
         late: OutputBuilder::from(late_out),

@@ -6,8 +6,9 @@ use std::rc::Rc;
 
 use super::{skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
 use crate::aggregate::Aggregate;
+use crate::checkpoint::{decode, encode};
 use crate::hold::Hold;
-use crate::key::{Data, Key, StateMap};
+use crate::key::{route, Data, Key, StateMap};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
 
@@ -112,17 +113,34 @@ where
     A: Aggregate<D>,
 {
     let key = Rc::new(key);
-    let (Skeleton { builder, mut input, results: mut results_out, late: mut late_out, late_count }, windowed) =
-        skeleton(stream, name, &key);
+    let (
+        Skeleton { builder, checkpointer, mut input, results: mut results_out, late: mut late_out, late_count },
+        windowed,
+    ) = skeleton(stream, name, &key, true);
     let counter = late_count;
     // A session is complete once the watermark passes its (inclusive) end.
     let complete_at = |w: &Window| w.end.saturating_add(1);
 
-    builder.build(move |_initial_capabilities| {
+    builder.build(move |initial_capabilities| {
         let mut keys: StateMap<K, KeyState<A::Acc, A::Output>> = StateMap::default();
         let mut timers: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
         let mut hold = Hold::default();
         let mut fired_upto: Timestamp = 0;
+        // Recovery: each key's sessions, its timer, and the results its open sessions owe.
+        if let Some((time, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
+            fired_upto = time;
+            for (_, bytes) in entries {
+                let (k, state): (K, KeyState<A::Acc, A::Output>) = decode(&bytes);
+                for session in state.sessions.iter().filter(|s| !s.fired) {
+                    hold.restore(session.emit_at, &initial_capabilities);
+                }
+                if state.timer != Timestamp::MAX {
+                    timers.entry(state.timer).or_default().push(k.clone());
+                }
+                keys.insert(k, state);
+            }
+        }
+        drop(initial_capabilities);
         let mut retired: Vec<Sess<A::Acc, A::Output>> = Vec::new();
         let mut firing: Vec<(Timestamp, ResultUpdate<K, A::Output>)> = Vec::new();
 
@@ -259,6 +277,12 @@ where
                 }
                 drop(due);
                 hold.settle(None);
+            }
+            if let Some(c) = checkpointer.as_ref() {
+                while let Some(cut) = c.due(watermark) {
+                    let entries = keys.iter().map(|(k, state)| (route(k), encode(&(k, state)))).collect();
+                    c.submit(cut, entries);
+                }
             }
         }
     });

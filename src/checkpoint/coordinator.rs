@@ -1,0 +1,631 @@
+//! The process-wide checkpoint coordinator: begins cuts, collects every
+//! worker's share, writes checkpoints on a background thread, and restores.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::operators::checkpoint::{CheckpointId, Cut, Entry, StateStore};
+use crate::operators::{Timestamp, END_OF_TIME};
+
+use super::manifest::{Manifest, PartitionState, ShardInfo, SinkKind, SinkPart, FORMAT_VERSION};
+use super::store::{open_store, sync_dir, CheckpointStore};
+use super::{kill, shard, CheckpointConfig, CheckpointError};
+
+/// A sink's share of a checkpoint: the rows it sets aside at the cut.
+#[derive(Debug)]
+pub struct SinkSubmission {
+    /// The sink's name.
+    pub sink: String,
+    /// How the part will be committed.
+    pub kind: SinkKind,
+    /// Where (an output directory).
+    pub target: PathBuf,
+    /// The part's contents and row count; `None` if the sink had no output.
+    pub part: Option<(Vec<u8>, u64)>,
+}
+
+/// One checkpoint being collected from the workers.
+#[derive(Debug)]
+struct Collecting {
+    cut: Cut,
+    operators: Vec<(usize, String, Vec<Entry>)>,
+    sources: BTreeMap<String, Vec<PartitionState>>,
+    source_parts: usize,
+    sinks: Vec<(usize, SinkSubmission)>,
+    begun: Instant,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    built: BTreeSet<usize>,
+    operators: BTreeSet<(usize, String)>,
+    unsupported: BTreeSet<String>,
+    sources: BTreeSet<(String, usize)>,
+    finished: BTreeSet<(String, usize)>,
+    sinks: BTreeSet<(String, usize)>,
+    max_published: Timestamp,
+    next_id: CheckpointId,
+    announced: Vec<Cut>,
+    final_announced: bool,
+    collecting: BTreeMap<CheckpointId, Collecting>,
+    in_flight: usize,
+    written: Vec<CheckpointId>,
+    final_written: bool,
+    error: Option<String>,
+}
+
+/// What a recovery restores.
+#[derive(Debug)]
+struct Restored {
+    manifest: Manifest,
+    /// Entries by (worker, operator), taken by the operators as they are built.
+    entries: Mutex<HashMap<(usize, String), Vec<Entry>>>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: CheckpointConfig,
+    store: Arc<dyn CheckpointStore>,
+    workers: usize,
+    restored: Option<Restored>,
+    state: Mutex<State>,
+    /// One more than the id of the latest cut begun (0: none), for cheap checks.
+    latest: AtomicU64,
+    jobs: Mutex<Option<mpsc::Sender<Collecting>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    stop: AtomicBool,
+}
+
+/// The checkpointing of one job in this process; clones share it.
+#[derive(Clone, Debug)]
+pub struct Checkpoints(Arc<Inner>);
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// The newest checkpoint of `store` that checks out, with warnings about the
+/// newer ones that do not. `Ok(None)` if the store holds none at all.
+pub(crate) fn latest_usable(store: &dyn CheckpointStore) -> Result<Option<(Manifest, Vec<String>)>, CheckpointError> {
+    let ids = store.list()?;
+    let mut rejected = Vec::new();
+    for &id in ids.iter().rev() {
+        match check(store, id) {
+            Ok(manifest) => return Ok(Some((manifest, rejected))),
+            Err(e) => rejected.push(format!("checkpoint {id}: {e}")),
+        }
+    }
+    if rejected.is_empty() {
+        Ok(None)
+    } else {
+        Err(CheckpointError::NoUsable { location: store.describe(), reasons: rejected.join("; ") })
+    }
+}
+
+/// Checks checkpoint `id` of `store`: its manifest and every shard file.
+pub(crate) fn check(store: &dyn CheckpointStore, id: CheckpointId) -> Result<Manifest, CheckpointError> {
+    let what = format!("{}/{}/MANIFEST", store.describe(), super::store::checkpoint_name(id));
+    let bytes = store.get_manifest(id)?.ok_or_else(|| CheckpointError::Corrupt {
+        what: what.clone(),
+        reason: "missing (the checkpoint was not completed)".into(),
+    })?;
+    let manifest = Manifest::from_bytes(&bytes, &what)?;
+    if manifest.id != id {
+        return Err(CheckpointError::Corrupt { what, reason: format!("names checkpoint {}", manifest.id) });
+    }
+    for shard in &manifest.shards {
+        store.get_shard(id, shard.worker, &shard.files)?;
+    }
+    Ok(manifest)
+}
+
+/// Makes the parts of `sinks` visible; doing it again is a no-op.
+pub(crate) fn commit_sinks(sinks: &[SinkPart]) -> Result<(), CheckpointError> {
+    let mut dirs = BTreeSet::new();
+    for part in sinks {
+        match part.kind {
+            SinkKind::Files => {
+                if part.pending.is_empty() {
+                    continue;
+                }
+                let pending = part.target.join(&part.pending);
+                let committed = part.target.join(&part.committed);
+                match std::fs::rename(&pending, &committed) {
+                    Ok(()) => {
+                        dirs.insert(part.target.clone());
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound && committed.exists() => {}
+                    Err(e) => {
+                        return Err(CheckpointError::Io {
+                            what: format!("committing {} as {}", pending.display(), committed.display()),
+                            source: e,
+                        })
+                    }
+                }
+            }
+        }
+    }
+    for dir in dirs {
+        sync_dir(&dir)?;
+    }
+    Ok(())
+}
+
+/// The id of a committed part file's name (`part-{id}.csv`).
+fn part_id(name: &str) -> Option<CheckpointId> {
+    name.strip_prefix("part-").and_then(|n| n.strip_suffix(".csv")).and_then(|n| n.parse().ok())
+}
+
+impl Checkpoints {
+    /// Starts checkpointing a job of `workers` workers (threads of this
+    /// process). With `config.recover`, restores the newest usable checkpoint
+    /// (if the store holds none, the job starts afresh); without it, the store
+    /// must not hold checkpoints already.
+    pub fn open(config: CheckpointConfig, workers: usize) -> Result<Self, CheckpointError> {
+        if config.keep == 0 {
+            return Err(CheckpointError::Config("keep must be at least 1".into()));
+        }
+        if config.interval.is_zero() {
+            return Err(CheckpointError::Config("the interval must be positive".into()));
+        }
+        let store: Arc<dyn CheckpointStore> = Arc::from(open_store(&config.location)?);
+        let mut restored = None;
+        let mut next_id = 1;
+        if config.recover {
+            if let Some((manifest, rejected)) = latest_usable(&*store)? {
+                for reason in &rejected {
+                    tracing::warn!("skipping a damaged checkpoint: {reason}");
+                }
+                tracing::info!(id = manifest.id, time = manifest.time, "recovering from checkpoint");
+                commit_sinks(&manifest.sinks)?;
+                let entries = load_entries(&*store, &manifest, workers)?;
+                next_id = manifest.id + 1;
+                restored = Some(Restored { manifest, entries: Mutex::new(entries) });
+            } else {
+                tracing::info!(location = %store.describe(), "no checkpoint to recover from: starting afresh");
+            }
+        } else if !store.list()?.is_empty() {
+            return Err(CheckpointError::Config(format!(
+                "{} already holds checkpoints: pass --recover to resume from them, or use an empty directory",
+                store.describe()
+            )));
+        }
+        let _ = std::fs::remove_dir_all(store.staging());
+        let (tx, rx) = mpsc::channel::<Collecting>();
+        let inner = Arc::new(Inner {
+            config,
+            store,
+            workers,
+            restored,
+            state: Mutex::new(State { next_id, ..State::default() }),
+            latest: AtomicU64::new(0),
+            jobs: Mutex::new(Some(tx)),
+            threads: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+        });
+        let writer = {
+            let inner = Arc::clone(&inner);
+            std::thread::Builder::new()
+                .name("highwater-checkpoint-writer".into())
+                .spawn(move || {
+                    for job in rx {
+                        let id = job.cut.id;
+                        let result = write_checkpoint(&inner, job);
+                        let mut state = lock(&inner.state);
+                        state.in_flight -= 1;
+                        match result {
+                            Ok(manifest) => {
+                                state.written.push(id);
+                                state.final_written |= manifest.is_final();
+                            }
+                            Err(e) => {
+                                tracing::error!("checkpoint {id} failed: {e}");
+                                state.error.get_or_insert_with(|| format!("checkpoint {id}: {e}"));
+                            }
+                        }
+                    }
+                })
+                .map_err(|e| CheckpointError::Io { what: "starting the checkpoint writer".into(), source: e })?
+        };
+        let timer = {
+            let inner = Arc::clone(&inner);
+            std::thread::Builder::new()
+                .name("highwater-checkpoint-timer".into())
+                .spawn(move || {
+                    let mut last = Instant::now();
+                    while !inner.stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(10));
+                        if last.elapsed() < inner.config.interval {
+                            continue;
+                        }
+                        let mut state = lock(&inner.state);
+                        let ready = state.built.len() == inner.workers
+                            && !state.final_announced
+                            && state.in_flight == 0
+                            && state.error.is_none()
+                            && !state.sources.is_empty();
+                        if ready {
+                            let time = state.max_published.saturating_add(1);
+                            announce(&inner, &mut state, time);
+                            last = Instant::now();
+                        }
+                    }
+                })
+                .map_err(|e| CheckpointError::Io { what: "starting the checkpoint timer".into(), source: e })?
+        };
+        inner.threads.lock().unwrap_or_else(|p| p.into_inner()).extend([writer, timer]);
+        Ok(Checkpoints(inner))
+    }
+
+    /// The store's location, for messages.
+    pub fn location(&self) -> String {
+        self.0.store.describe()
+    }
+
+    /// The manifest of the checkpoint the job recovered from, if any.
+    pub fn restored(&self) -> Option<&Manifest> {
+        self.0.restored.as_ref().map(|r| &r.manifest)
+    }
+
+    /// The time of the checkpoint the job recovered from, if any.
+    pub fn restored_time(&self) -> Option<Timestamp> {
+        self.restored().map(|m| m.time)
+    }
+
+    /// The restored state of `source`'s partitions, if the job recovered.
+    pub fn restored_partitions(&self, source: &str) -> Option<&[PartitionState]> {
+        self.restored().and_then(|m| m.sources.get(source)).map(|v| v.as_slice())
+    }
+
+    /// The per-worker [`StateStore`] the operators of `worker` use.
+    pub fn worker(&self, worker: usize) -> WorkerStore {
+        WorkerStore { checkpoints: self.clone(), worker }
+    }
+
+    /// Declares that `worker` has built its dataflow: checks that every
+    /// stateful operator can be checkpointed and that a restored checkpoint was
+    /// taken by the same dataflow. Checkpoints begin once every worker is built.
+    pub fn built(&self, worker: usize) -> Result<(), CheckpointError> {
+        let mut state = lock(&self.0.state);
+        if !state.unsupported.is_empty() {
+            let names: Vec<_> = state.unsupported.iter().cloned().collect();
+            return Err(CheckpointError::Unsupported(names.join(", ")));
+        }
+        let fingerprint = fingerprint(&state, worker);
+        if let Some(restored) = &self.0.restored {
+            if restored.manifest.fingerprint != fingerprint {
+                return Err(CheckpointError::Fingerprint {
+                    id: restored.manifest.id,
+                    found: restored.manifest.fingerprint.clone(),
+                    expected: fingerprint,
+                });
+            }
+        }
+        state.built.insert(worker);
+        Ok(())
+    }
+
+    /// Registers a source (by name) read on `worker`.
+    pub fn register_source(&self, source: &str, worker: usize) {
+        lock(&self.0.state).sources.insert((source.to_owned(), worker));
+    }
+
+    /// A source is about to emit (or hold its capability) at `time`: the next
+    /// cut will lie above it.
+    pub fn publish(&self, time: Timestamp) {
+        let mut state = lock(&self.0.state);
+        state.max_published = state.max_published.max(time);
+    }
+
+    /// A lower bound on the time of any cut begun from now on.
+    pub fn horizon(&self) -> Timestamp {
+        lock(&self.0.state).max_published.saturating_add(1)
+    }
+
+    /// `source` on `worker` has read all its partitions; once every source
+    /// has, the final checkpoint is begun.
+    pub fn source_finished(&self, source: &str, worker: usize) {
+        let mut state = lock(&self.0.state);
+        state.finished.insert((source.to_owned(), worker));
+        if state.finished.len() == state.sources.len() && !state.final_announced && state.built.len() == self.0.workers
+        {
+            state.final_announced = true;
+            announce(&self.0, &mut state, END_OF_TIME);
+        }
+    }
+
+    /// Whether the final checkpoint has begun (every source is exhausted).
+    pub fn final_begun(&self) -> bool {
+        lock(&self.0.state).final_announced
+    }
+
+    /// The oldest cut after `done` not yet collected everywhere.
+    pub fn cut_after(&self, done: Option<CheckpointId>) -> Option<Cut> {
+        let latest = self.0.latest.load(Ordering::Acquire);
+        if latest == 0 || done.is_some_and(|d| d + 1 >= latest) {
+            return None;
+        }
+        let state = lock(&self.0.state);
+        state.announced.iter().find(|c| done.is_none_or(|d| c.id > d)).copied()
+    }
+
+    /// A source's partitions at `cut`.
+    pub fn submit_source(&self, source: &str, cut: Cut, partitions: Vec<PartitionState>) {
+        let mut state = lock(&self.0.state);
+        if let Some(c) = state.collecting.get_mut(&cut.id) {
+            c.sources.entry(source.to_owned()).or_default().extend(partitions);
+            c.source_parts += 1;
+        }
+        self.try_complete(&mut state, cut.id);
+    }
+
+    /// Registers an exactly-once sink (by name) on `worker`, writing to
+    /// `target`: removes what an earlier run left there uncommitted (pending
+    /// parts, and parts of checkpoints newer than the one recovered).
+    pub fn register_sink(&self, sink: &str, worker: usize, target: &Path) -> Result<(), CheckpointError> {
+        let restored_id = self.restored().map_or(0, |m| m.id);
+        let io = |what: &Path| {
+            let what = what.display().to_string();
+            move |source| CheckpointError::Io { what, source }
+        };
+        std::fs::create_dir_all(target.join(".pending")).map_err(io(target))?;
+        for entry in std::fs::read_dir(target.join(".pending")).map_err(io(target))?.flatten() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+        for entry in std::fs::read_dir(target).map_err(io(target))?.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if part_id(&name).is_some_and(|id| id > restored_id) {
+                tracing::warn!(part = %name, "removing a part of a checkpoint newer than the one recovered");
+                std::fs::remove_file(entry.path()).map_err(io(&entry.path()))?;
+            }
+        }
+        lock(&self.0.state).sinks.insert((sink.to_owned(), worker));
+        Ok(())
+    }
+
+    /// A sink's part at `cut`.
+    pub fn submit_sink(&self, worker: usize, cut: Cut, submission: SinkSubmission) {
+        let mut state = lock(&self.0.state);
+        if let Some(c) = state.collecting.get_mut(&cut.id) {
+            c.sinks.push((worker, submission));
+        }
+        self.try_complete(&mut state, cut.id);
+    }
+
+    fn try_complete(&self, state: &mut State, id: CheckpointId) {
+        let Some(c) = state.collecting.get(&id) else { return };
+        let complete = c.operators.len() == state.operators.len()
+            && c.source_parts == state.sources.len()
+            && c.sinks.len() == state.sinks.len();
+        if !complete {
+            return;
+        }
+        let c = state.collecting.remove(&id).expect("present above");
+        state.announced.retain(|cut| cut.id != id);
+        tracing::debug!(id, time = c.cut.time, elapsed = ?c.begun.elapsed(), "checkpoint collected");
+        if let Some(tx) = self.0.jobs.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            let _ = tx.send(c);
+        }
+    }
+
+    /// Checkpoints written by this run so far.
+    pub fn written(&self) -> Vec<CheckpointId> {
+        lock(&self.0.state).written.clone()
+    }
+
+    /// Stops beginning checkpoints, waits for those collected to be written,
+    /// and reports whether the job's final checkpoint was written (or the
+    /// first error). Call after the workers have finished.
+    pub fn finish(&self) -> Result<bool, CheckpointError> {
+        self.0.stop.store(true, Ordering::Relaxed);
+        drop(self.0.jobs.lock().unwrap_or_else(|p| p.into_inner()).take());
+        let threads: Vec<_> = self.0.threads.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
+        let state = lock(&self.0.state);
+        match &state.error {
+            Some(e) => Err(CheckpointError::Failed(e.clone())),
+            None => Ok(state.final_written),
+        }
+    }
+}
+
+/// Begins the cut `(next id, time)`.
+fn announce(inner: &Inner, state: &mut State, time: Timestamp) {
+    let id = state.next_id;
+    state.next_id += 1;
+    let cut = Cut { id, time };
+    state.announced.push(cut);
+    state.collecting.insert(
+        id,
+        Collecting {
+            cut,
+            operators: Vec::new(),
+            sources: BTreeMap::new(),
+            source_parts: 0,
+            sinks: Vec::new(),
+            begun: Instant::now(),
+        },
+    );
+    state.in_flight += 1;
+    inner.latest.store(id + 1, Ordering::Release);
+    tracing::debug!(id, time, "checkpoint begun");
+}
+
+/// The dataflow's fingerprint: its checkpointed operators, sources and sinks.
+fn fingerprint(state: &State, worker: usize) -> String {
+    let mut names: Vec<&str> =
+        state.operators.iter().filter(|(w, _)| *w == worker).map(|(_, name)| name.as_str()).collect();
+    let sources: BTreeSet<&str> = state.sources.iter().map(|(s, _)| s.as_str()).collect();
+    names.extend(sources);
+    let text = names.join("\n");
+    format!("{:08x}-{}", crc32fast::hash(text.as_bytes()), names.len())
+}
+
+/// Reads every shard of `manifest` and spreads the entries over `workers`
+/// workers by routing hash, as the operators' exchanges do.
+fn load_entries(
+    store: &dyn CheckpointStore,
+    manifest: &Manifest,
+    workers: usize,
+) -> Result<HashMap<(usize, String), Vec<Entry>>, CheckpointError> {
+    let mut out: HashMap<(usize, String), Vec<Entry>> = HashMap::new();
+    for shard_info in &manifest.shards {
+        let dir = store.get_shard(manifest.id, shard_info.worker, &shard_info.files)?;
+        shard::read(&dir, |operator, entries| {
+            for w in 0..workers {
+                out.entry((w, operator.to_owned())).or_default();
+            }
+            for entry in entries {
+                let w = (entry.0 % workers as u64) as usize;
+                out.get_mut(&(w, operator.to_owned())).expect("created above").push(entry);
+            }
+        })?;
+    }
+    Ok(out)
+}
+
+/// Writes a collected checkpoint: shards, sink parts, manifest, commit, GC.
+fn write_checkpoint(inner: &Inner, c: Collecting) -> Result<Manifest, CheckpointError> {
+    let started = Instant::now();
+    let id = c.cut.id;
+    let store = &*inner.store;
+    let staging = store.staging();
+    std::fs::create_dir_all(&staging)
+        .map_err(|source| CheckpointError::Io { what: staging.display().to_string(), source })?;
+    let mut by_worker: BTreeMap<usize, Vec<(String, Vec<Entry>)>> = BTreeMap::new();
+    for (worker, name, entries) in c.operators {
+        by_worker.entry(worker).or_default().push((name, entries));
+    }
+    let mut shards = Vec::new();
+    for (worker, mut operators) in by_worker {
+        operators.sort_by(|a, b| a.0.cmp(&b.0));
+        let local = staging.join(format!("chk-{id}-shard-{worker}"));
+        let entries = shard::write(&local, &operators)?;
+        let files = store.put_shard(id, worker, &local)?;
+        shards.push(ShardInfo { worker, entries, files });
+    }
+    let mut sinks = Vec::new();
+    for (_, submission) in c.sinks {
+        let committed = format!("part-{id:010}.csv");
+        let mut part = SinkPart {
+            sink: submission.sink,
+            kind: submission.kind,
+            target: submission.target,
+            pending: String::new(),
+            committed,
+            rows: 0,
+        };
+        if let Some((bytes, rows)) = submission.part {
+            let pending = format!(".pending/part-{id:010}.csv");
+            let path = part.target.join(&pending);
+            let io = |source| CheckpointError::Io { what: path.display().to_string(), source };
+            std::fs::write(&path, &bytes).map_err(io)?;
+            std::fs::File::open(&path).and_then(|f| f.sync_all()).map_err(io)?;
+            sync_dir(&part.target.join(".pending"))?;
+            part.pending = pending;
+            part.rows = rows;
+        }
+        sinks.push(part);
+    }
+    let manifest = Manifest {
+        format_version: FORMAT_VERSION,
+        id,
+        time: c.cut.time,
+        fingerprint: {
+            let state = lock(&inner.state);
+            fingerprint(&state, 0)
+        },
+        workers: inner.workers,
+        created_unix_ms: now_ms(),
+        sources: c.sources,
+        shards,
+        sinks,
+    };
+    store.put_manifest(id, &manifest.to_bytes())?;
+    kill::point("sink-commit");
+    commit_sinks(&manifest.sinks)?;
+    tracing::info!(
+        id,
+        time = manifest.time,
+        bytes = manifest.state_bytes(),
+        write = ?started.elapsed(),
+        "checkpoint committed"
+    );
+    collect_garbage(store, inner.config.keep, id)?;
+    Ok(manifest)
+}
+
+/// Keeps the newest `keep` complete checkpoints up to `newest`; deletes the
+/// rest and incomplete ones older than `newest`.
+fn collect_garbage(store: &dyn CheckpointStore, keep: usize, newest: CheckpointId) -> Result<(), CheckpointError> {
+    let ids = store.list()?;
+    let mut kept = 0;
+    for &id in ids.iter().rev().filter(|id| **id <= newest) {
+        let complete = store.get_manifest(id)?.is_some();
+        if complete && kept < keep {
+            kept += 1;
+        } else if id != newest {
+            store.delete(id)?;
+        }
+    }
+    Ok(())
+}
+
+/// A worker's view of the [`Checkpoints`], for its operators.
+#[derive(Debug)]
+pub struct WorkerStore {
+    checkpoints: Checkpoints,
+    worker: usize,
+}
+
+impl StateStore for WorkerStore {
+    fn cut_after(&self, done: Option<CheckpointId>) -> Option<Cut> {
+        self.checkpoints.cut_after(done)
+    }
+
+    fn register(&self, operator: &str) {
+        lock(&self.checkpoints.0.state).operators.insert((self.worker, operator.to_owned()));
+    }
+
+    fn unsupported(&self, operator: &str) {
+        lock(&self.checkpoints.0.state).unsupported.insert(operator.to_owned());
+    }
+
+    fn restored(&self, operator: &str) -> Option<Vec<Entry>> {
+        let restored = self.checkpoints.0.restored.as_ref()?;
+        let mut entries = restored.entries.lock().unwrap_or_else(|p| p.into_inner());
+        Some(entries.remove(&(self.worker, operator.to_owned())).unwrap_or_default())
+    }
+
+    fn restored_time(&self) -> Option<Timestamp> {
+        self.checkpoints.restored_time()
+    }
+
+    fn submitted_everywhere(&self, operator: &str, cut: CheckpointId) -> bool {
+        let state = lock(&self.checkpoints.0.state);
+        match state.collecting.get(&cut) {
+            Some(c) => c.operators.iter().filter(|(_, name, _)| name == operator).count() == self.checkpoints.0.workers,
+            // Collected: everyone has submitted.
+            None => true,
+        }
+    }
+
+    fn submit(&self, operator: &str, cut: Cut, entries: Vec<Entry>) {
+        let mut state = lock(&self.checkpoints.0.state);
+        if let Some(c) = state.collecting.get_mut(&cut.id) {
+            c.operators.push((self.worker, operator.to_owned(), entries));
+        }
+        self.checkpoints.try_complete(&mut state, cut.id);
+    }
+}

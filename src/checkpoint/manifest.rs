@@ -1,0 +1,188 @@
+//! The manifest: the file that makes a checkpoint exist, written last.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::CheckpointError;
+use crate::operators::checkpoint::CheckpointId;
+use crate::operators::{Timestamp, END_OF_TIME};
+use crate::source::Offset;
+
+/// The version of the checkpoint format this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The first line of a manifest file, before its checksum.
+const MAGIC: &str = "highwater-checkpoint-manifest";
+
+/// Everything a recovery needs to know about a checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// [`FORMAT_VERSION`] of the build that wrote it.
+    pub format_version: u32,
+    /// The checkpoint's number.
+    pub id: CheckpointId,
+    /// The logical time of the cut ([`END_OF_TIME`] for the final checkpoint).
+    pub time: Timestamp,
+    /// Identifies the dataflow (its checkpointed operators); a program with a
+    /// different dataflow cannot recover from this checkpoint.
+    pub fingerprint: String,
+    /// Workers of the run that took it.
+    pub workers: usize,
+    /// Wall-clock time it was committed, ms since the epoch.
+    pub created_unix_ms: u64,
+    /// Every source's partitions at the cut, by source name.
+    pub sources: BTreeMap<String, Vec<PartitionState>>,
+    /// Every worker's shard of operator state.
+    pub shards: Vec<ShardInfo>,
+    /// Sink output pre-committed at this cut, made visible once this manifest exists.
+    pub sinks: Vec<SinkPart>,
+}
+
+impl Manifest {
+    /// Whether the checkpoint was taken when every source was exhausted.
+    pub fn is_final(&self) -> bool {
+        self.time == END_OF_TIME
+    }
+
+    /// The manifest as file contents: a header line with a CRC-32 of the JSON body.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let body = serde_json::to_vec_pretty(self).expect("a manifest serializes");
+        let mut out = format!("{MAGIC} v{FORMAT_VERSION} crc32={:08x}\n", crc32fast::hash(&body)).into_bytes();
+        out.extend_from_slice(&body);
+        out
+    }
+
+    /// Parses and checks a manifest file written by [`Manifest::to_bytes`].
+    pub fn from_bytes(bytes: &[u8], what: &str) -> Result<Manifest, CheckpointError> {
+        let corrupt = |reason: String| CheckpointError::Corrupt { what: what.to_owned(), reason };
+        let newline = bytes.iter().position(|b| *b == b'\n').ok_or_else(|| corrupt("no header line".into()))?;
+        let header = std::str::from_utf8(&bytes[..newline]).map_err(|_| corrupt("header is not UTF-8".into()))?;
+        let body = &bytes[newline + 1..];
+        let mut words = header.split(' ');
+        if words.next() != Some(MAGIC) {
+            return Err(corrupt(format!("not a manifest (header {header:?})")));
+        }
+        let version = words.next().and_then(|v| v.strip_prefix('v')).and_then(|v| v.parse::<u32>().ok());
+        if version != Some(FORMAT_VERSION) {
+            return Err(CheckpointError::Version { what: what.to_owned(), found: header.to_owned() });
+        }
+        let crc = words
+            .next()
+            .and_then(|c| c.strip_prefix("crc32="))
+            .and_then(|c| u32::from_str_radix(c, 16).ok())
+            .ok_or_else(|| corrupt("no checksum in the header".into()))?;
+        let actual = crc32fast::hash(body);
+        if actual != crc {
+            return Err(corrupt(format!("checksum mismatch (header {crc:08x}, contents {actual:08x})")));
+        }
+        serde_json::from_slice(body).map_err(|e| corrupt(format!("unreadable body: {e}")))
+    }
+
+    /// Bytes of operator state over all shards.
+    pub fn state_bytes(&self) -> u64 {
+        self.shards.iter().map(|s| s.files.iter().map(|f| f.size).sum::<u64>()).sum()
+    }
+}
+
+/// One source partition at a cut: where to resume and the watermark it had.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionState {
+    /// The partition's index in its source.
+    pub partition: usize,
+    /// The offset to resume after (`None`: from the beginning).
+    pub offset: Option<Offset>,
+    /// The greatest event time the partition had read before the cut.
+    pub max_seen: Option<Timestamp>,
+    /// The floor its watermark had been raised to by the source's hints.
+    pub floor: Timestamp,
+    /// Whether the partition was exhausted.
+    pub done: bool,
+}
+
+/// One worker's shard of operator state: a RocksDB database's files.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardInfo {
+    /// The worker that wrote it.
+    pub worker: usize,
+    /// State entries in it.
+    pub entries: u64,
+    /// Its files, with sizes and checksums.
+    pub files: Vec<FileInfo>,
+}
+
+/// A file of a checkpoint, as the store must give it back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileInfo {
+    /// Its name within the shard.
+    pub name: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// CRC-32 of its contents.
+    pub crc32: u32,
+}
+
+/// A sink's output for one checkpoint: written under `pending` before the
+/// manifest, renamed to `committed` after it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SinkPart {
+    /// The sink's name.
+    pub sink: String,
+    /// How the part is committed.
+    pub kind: SinkKind,
+    /// Where the sink commits (an output directory, or a database's address).
+    pub target: PathBuf,
+    /// The pre-committed part, relative to the target (empty if none).
+    pub pending: String,
+    /// The committed part, relative to the target.
+    pub committed: String,
+    /// Rows in the part.
+    pub rows: u64,
+}
+
+/// How a sink's part is committed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SinkKind {
+    /// Part files in a directory: committing renames `pending` to `committed`.
+    Files,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest() -> Manifest {
+        Manifest {
+            format_version: FORMAT_VERSION,
+            id: 7,
+            time: 12_000,
+            fingerprint: "abc".into(),
+            workers: 2,
+            created_unix_ms: 1,
+            sources: BTreeMap::from([(
+                "Nexmark".into(),
+                vec![PartitionState { partition: 0, offset: Some(10), max_seen: Some(5), floor: 0, done: false }],
+            )]),
+            shards: vec![ShardInfo { worker: 0, entries: 3, files: vec![] }],
+            sinks: vec![],
+        }
+    }
+
+    #[test]
+    fn round_trips_and_detects_damage() {
+        let m = manifest();
+        let bytes = m.to_bytes();
+        assert_eq!(Manifest::from_bytes(&bytes, "m").unwrap(), m);
+        // Every single flipped byte of the body is caught.
+        let body_start = bytes.iter().position(|b| *b == b'\n').unwrap() + 1;
+        for i in body_start..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x20;
+            assert!(Manifest::from_bytes(&bad, "m").is_err(), "flip at {i} went unnoticed");
+        }
+        assert!(Manifest::from_bytes(&bytes[..bytes.len() / 2], "m").is_err());
+        assert!(Manifest::from_bytes(b"", "m").is_err());
+    }
+}

@@ -1,0 +1,134 @@
+//! Checkpoints and recovery: consistent cuts of a running dataflow, written
+//! asynchronously, restored after a crash with exactly-once output.
+//!
+//! # How a checkpoint is taken
+//! Every [`CheckpointConfig::interval`] of processing time a checkpoint
+//! *cut* `(id, T)` is begun, with `T` above every timely time a source has
+//! emitted at so far. Then, while data keeps flowing:
+//! - each source notes, per partition, the offset and watermark at which its
+//!   output time first reached `T`: everything it emitted below `T` came from
+//!   before those offsets, everything after from beyond them;
+//! - each checkpointable operator's input passes through a gate that holds
+//!   back updates at or above `T`, so the operator's frontier stops at `T`:
+//!   it fires what `T` completes and hands over its state as of `T`
+//!   (see [`highwater_operators::checkpoint`]); the gate then opens;
+//! - each exactly-once sink sets aside its output below `T` as a part.
+//!
+//! Once every worker's operators, sources and sinks have handed in their
+//! share, a background thread writes each worker's state into a RocksDB
+//! database (its *shard*), puts the shards into the [`CheckpointStore`],
+//! pre-commits the sinks' parts, and writes the [`Manifest`] last (atomic
+//! rename): only then does the checkpoint exist, and only then are the
+//! sinks' parts committed (renamed into place). The last
+//! [`CheckpointConfig::keep`] checkpoints are kept.
+//!
+//! # Recovery
+//! [`Checkpoints::open`] with `recover` finds the newest checkpoint whose
+//! manifest and shard files check out (sizes and CRC-32s), warning about and
+//! skipping damaged ones; re-commits its sinks' parts (idempotent); and
+//! hands each worker the state entries whose routing hash falls on it, so a
+//! job may recover with a different number of workers. Sources resume at
+//! the checkpoint's offsets and watermarks, operators at its time.
+//!
+//! Checkpoints are supported within one process (any number of worker
+//! threads); a multi-process run (`-n` > 1) with checkpoints is refused.
+
+mod coordinator;
+pub mod kill;
+pub mod manifest;
+pub mod shard;
+pub mod store;
+
+use std::time::Duration;
+
+pub use coordinator::{Checkpoints, SinkSubmission, WorkerStore};
+pub use manifest::{FileInfo, Manifest, PartitionState, ShardInfo, SinkKind, SinkPart, FORMAT_VERSION};
+pub use store::{open_store, CheckpointStore, LocalStore};
+
+/// How a job checkpoints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointConfig {
+    /// Where checkpoints go: a directory, or `s3://bucket/prefix`.
+    pub location: String,
+    /// Processing time between the starts of two checkpoints.
+    pub interval: Duration,
+    /// Complete checkpoints to keep (older ones are deleted); at least 1.
+    pub keep: usize,
+    /// Restore the latest complete checkpoint at start.
+    pub recover: bool,
+}
+
+impl CheckpointConfig {
+    /// Checkpoints in `location` every second, keeping 3, without recovery.
+    pub fn new(location: impl Into<String>) -> Self {
+        CheckpointConfig { location: location.into(), interval: Duration::from_secs(1), keep: 3, recover: false }
+    }
+}
+
+/// What can go wrong with checkpoints.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// Reading or writing a file.
+    #[error("{what}: {source}")]
+    Io {
+        /// The file or directory.
+        what: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A checkpoint file is damaged or incomplete.
+    #[error("{what} is corrupt: {reason}")]
+    Corrupt {
+        /// The file.
+        what: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Written by an incompatible version.
+    #[error("{what} has an unsupported format ({found}); this build reads format v{FORMAT_VERSION}")]
+    Version {
+        /// The file.
+        what: String,
+        /// Its header.
+        found: String,
+    },
+    /// RocksDB failed.
+    #[error("state store {what}: {reason}")]
+    State {
+        /// The database.
+        what: String,
+        /// RocksDB's message.
+        reason: String,
+    },
+    /// The checkpoints present cannot be used.
+    #[error("no usable checkpoint in {location}: {reasons}")]
+    NoUsable {
+        /// The store.
+        location: String,
+        /// Why each checkpoint was rejected.
+        reasons: String,
+    },
+    /// The checkpoint was taken by a different dataflow.
+    #[error(
+        "checkpoint {id} was taken by a different dataflow (fingerprint {found}, this program's is {expected}); \
+         start without --recover in an empty checkpoint directory"
+    )]
+    Fingerprint {
+        /// The checkpoint.
+        id: u64,
+        /// Its fingerprint.
+        found: String,
+        /// This program's.
+        expected: String,
+    },
+    /// The dataflow has stateful operators that cannot be checkpointed.
+    #[error("these operators cannot be checkpointed yet: {0}")]
+    Unsupported(String),
+    /// A setting is wrong.
+    #[error("checkpoint configuration: {0}")]
+    Config(String),
+    /// Writing a checkpoint failed earlier in the run.
+    #[error("checkpointing failed: {0}")]
+    Failed(String),
+}

@@ -1,0 +1,87 @@
+//! A worker's shard of operator state in RocksDB.
+//!
+//! Keys are `operator name, 0, chunk number (u32, big-endian)`; each value is
+//! a bincode list of [`Entry`]s (routing hash and bytes), about 1 MiB per
+//! chunk. The routing hash stays with each entry, so a run with a different
+//! number of workers redistributes the entries by key.
+
+use std::path::Path;
+
+use crate::operators::checkpoint::Entry;
+
+use super::CheckpointError;
+
+/// Target size of one value.
+const CHUNK_BYTES: usize = 1 << 20;
+
+fn db_error(path: &Path) -> impl Fn(rocksdb::Error) -> CheckpointError + '_ {
+    move |e| CheckpointError::State { what: path.display().to_string(), reason: e.into_string() }
+}
+
+fn key(operator: &str, chunk: u32) -> Vec<u8> {
+    let mut key = Vec::with_capacity(operator.len() + 5);
+    key.extend_from_slice(operator.as_bytes());
+    key.push(0);
+    key.extend_from_slice(&chunk.to_be_bytes());
+    key
+}
+
+/// Writes `operators`' entries into a new RocksDB database at `path`;
+/// returns the number of entries.
+pub fn write(path: &Path, operators: &[(String, Vec<Entry>)]) -> Result<u64, CheckpointError> {
+    let _ = std::fs::remove_dir_all(path);
+    let mut options = rocksdb::Options::default();
+    options.create_if_missing(true);
+    options.set_compression_type(rocksdb::DBCompressionType::None);
+    // One flush at the end, not many small files.
+    options.set_write_buffer_size(256 << 20);
+    let db = rocksdb::DB::open(&options, path).map_err(db_error(path))?;
+    let mut write_options = rocksdb::WriteOptions::default();
+    write_options.disable_wal(true);
+    let mut entries = 0u64;
+    for (operator, list) in operators {
+        let mut chunk = 0u32;
+        let mut start = 0;
+        while start < list.len() {
+            let mut end = start;
+            let mut bytes = 0;
+            while end < list.len() && (end == start || bytes < CHUNK_BYTES) {
+                bytes += list[end].1.len() + 16;
+                end += 1;
+            }
+            let value = bincode::serialize(&list[start..end]).expect("entries serialize");
+            db.put_opt(key(operator, chunk), value, &write_options).map_err(db_error(path))?;
+            entries += (end - start) as u64;
+            chunk += 1;
+            start = end;
+        }
+        if list.is_empty() {
+            // The operator is known to the shard even with no state.
+            db.put_opt(key(operator, 0), bincode::serialize(&Vec::<Entry>::new()).expect("serializes"), &write_options)
+                .map_err(db_error(path))?;
+        }
+    }
+    db.flush().map_err(db_error(path))?;
+    drop(db);
+    Ok(entries)
+}
+
+/// Reads every operator's entries from the RocksDB database at `path`,
+/// handing each chunk to `each(operator, entries)`.
+pub fn read(path: &Path, mut each: impl FnMut(&str, Vec<Entry>)) -> Result<(), CheckpointError> {
+    let options = rocksdb::Options::default();
+    let db = rocksdb::DB::open_for_read_only(&options, path, false).map_err(db_error(path))?;
+    for item in db.iterator(rocksdb::IteratorMode::Start) {
+        let (key, value) = item.map_err(db_error(path))?;
+        let Some(split) = key.len().checked_sub(5).filter(|s| key[*s] == 0) else {
+            return Err(CheckpointError::Corrupt { what: path.display().to_string(), reason: "malformed key".into() });
+        };
+        let operator = String::from_utf8_lossy(&key[..split]).into_owned();
+        let entries: Vec<Entry> = bincode::deserialize(&value).map_err(|e| CheckpointError::Corrupt {
+            what: path.display().to_string(),
+            reason: format!("entries of {operator}: {e}"),
+        })?;
+        each(&operator, entries);
+    }
+    Ok(())
+}

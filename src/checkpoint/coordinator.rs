@@ -93,12 +93,18 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// The newest checkpoint of `store` that checks out, with warnings about the
-/// newer ones that do not. `Ok(None)` if the store holds none at all.
-pub(crate) fn latest_usable(store: &dyn CheckpointStore) -> Result<Option<(Manifest, Vec<String>)>, CheckpointError> {
+/// The newest checkpoint of `store` that checks out, with the reasons the
+/// newer ones do not. `Ok(None)` if the store holds no complete checkpoint
+/// (one without a manifest was never completed, so does not count); an error
+/// if it holds complete ones but every one of them is damaged.
+pub fn latest_usable(store: &dyn CheckpointStore) -> Result<Option<(Manifest, Vec<String>)>, CheckpointError> {
     let ids = store.list()?;
     let mut rejected = Vec::new();
     for &id in ids.iter().rev() {
+        if store.get_manifest(id)?.is_none() {
+            // Never completed: it does not exist (and is not damage).
+            continue;
+        }
         match check(store, id) {
             Ok(manifest) => return Ok(Some((manifest, rejected))),
             Err(e) => rejected.push(format!("checkpoint {id}: {e}")),
@@ -112,7 +118,7 @@ pub(crate) fn latest_usable(store: &dyn CheckpointStore) -> Result<Option<(Manif
 }
 
 /// Checks checkpoint `id` of `store`: its manifest and every shard file.
-pub(crate) fn check(store: &dyn CheckpointStore, id: CheckpointId) -> Result<Manifest, CheckpointError> {
+pub fn check(store: &dyn CheckpointStore, id: CheckpointId) -> Result<Manifest, CheckpointError> {
     let what = format!("{}/{}/MANIFEST", store.describe(), super::store::checkpoint_name(id));
     let bytes = store.get_manifest(id)?.ok_or_else(|| CheckpointError::Corrupt {
         what: what.clone(),
@@ -538,6 +544,10 @@ fn write_checkpoint(inner: &Inner, c: Collecting) -> Result<Manifest, Checkpoint
         }
         sinks.push(part);
     }
+    let mut sources = c.sources;
+    for partitions in sources.values_mut() {
+        partitions.sort_by_key(|p| p.partition);
+    }
     let manifest = Manifest {
         format_version: FORMAT_VERSION,
         id,
@@ -548,7 +558,7 @@ fn write_checkpoint(inner: &Inner, c: Collecting) -> Result<Manifest, Checkpoint
         },
         workers: inner.workers,
         created_unix_ms: now_ms(),
-        sources: c.sources,
+        sources,
         shards,
         sinks,
     };

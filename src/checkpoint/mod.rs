@@ -36,12 +36,13 @@
 mod coordinator;
 pub mod kill;
 pub mod manifest;
+pub mod s3;
 pub mod shard;
 pub mod store;
 
 use std::time::Duration;
 
-pub use coordinator::{Checkpoints, SinkSubmission, WorkerStore};
+pub use coordinator::{check, latest_usable, Checkpoints, SinkSubmission, WorkerStore};
 pub use manifest::{FileInfo, Manifest, PartitionState, ShardInfo, SinkKind, SinkPart, FORMAT_VERSION};
 pub use store::{open_store, CheckpointStore, LocalStore};
 
@@ -76,6 +77,15 @@ pub enum CheckpointError {
         /// The underlying error.
         #[source]
         source: std::io::Error,
+    },
+    /// A request to the object store (S3) failed.
+    #[error("{what}: {source}")]
+    ObjectStore {
+        /// What was done, naming the bucket or key (`s3://bucket/key`).
+        what: String,
+        /// The object store's error.
+        #[source]
+        source: object_store::Error,
     },
     /// A checkpoint file is damaged or incomplete.
     #[error("{what} is corrupt: {reason}")]

@@ -47,9 +47,7 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
 /// Opens the store at `location`: `s3://bucket/prefix` or a directory.
 pub fn open_store(location: &str) -> Result<Box<dyn CheckpointStore>, CheckpointError> {
     if location.starts_with("s3://") {
-        return Err(CheckpointError::Config(format!(
-            "checkpoint location {location:?}: S3 stores are not built into this version"
-        )));
+        return Ok(Box::new(super::s3::S3Store::open(location)?));
     }
     Ok(Box::new(LocalStore::open(PathBuf::from(location))?))
 }

@@ -5,6 +5,7 @@
 //! highwater nexmark --query q7 --input events.jsonl --output q7.csv
 //! highwater demo --events 20000000
 //! highwater generate --events 5000000 --output events.jsonl
+//! highwater checkpoints list /tmp/q5-checkpoints
 //! highwater cep --pattern rules.cep --input events.jsonl --key user --timeouts -- -w 2
 //! ```
 //!
@@ -12,6 +13,7 @@
 //! `-h` host file) follow `--`.
 
 mod cep;
+mod checkpoints;
 mod demo;
 mod generate;
 mod nexmark;
@@ -40,6 +42,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Matches a CEP pattern (PATTERN … DEFINE …) against JSON Lines events; matches out as JSON Lines.
     Cep(cep::CepArgs),
+    /// What a checkpoint directory holds: list, inspect, verify.
+    Checkpoints(checkpoints::CheckpointsArgs),
 }
 
 /// Runs the command line; returns the process exit code.
@@ -53,6 +57,7 @@ pub fn main() -> i32 {
         Command::Demo(args) => demo::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Cep(args) => cep::run(args),
+        Command::Checkpoints(args) => checkpoints::run(args),
     };
     match result {
         Ok(()) => 0,

@@ -1,0 +1,383 @@
+//! Crash tests of checkpoints and exactly-once output, with real processes:
+//! `highwater nexmark` runs as a child process, is killed with SIGKILL at
+//! random moments or at deterministic kill points, and is restarted with
+//! `--recover`; its committed output must end up byte for byte the output of
+//! a run that was never interrupted, which itself must hold exactly the rows
+//! of the query's plain CSV output (no checkpoints involved).
+//!
+//! `HIGHWATER_CRASH_KILLS` sets the number of random kills of the crash loop
+//! (default 21, spread over q5, q8 and q11); `HIGHWATER_CRASH_SEED` replays a
+//! run's kill times (the seed is printed).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_highwater");
+
+/// A scratch directory, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("highwater-crash-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// xorshift64*: kill times that a seed replays.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.next() % (hi - lo))
+    }
+}
+
+/// Where a job's events come from.
+#[derive(Clone)]
+enum Input {
+    Generator(u64),
+    File(PathBuf),
+}
+
+/// A checkpointed job: query, input, checkpoint and output directories.
+struct Job {
+    query: &'static str,
+    input: Input,
+    checkpoints: PathBuf,
+    output: PathBuf,
+}
+
+impl Job {
+    fn new(query: &'static str, input: &Input, dir: &Path, name: &str) -> Job {
+        Job {
+            query,
+            input: input.clone(),
+            checkpoints: dir.join(format!("{name}-checkpoints")),
+            output: dir.join(format!("{name}-out")),
+        }
+    }
+
+    fn command(&self, workers: usize) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["nexmark", "-q", self.query]);
+        match &self.input {
+            Input::Generator(n) => cmd.args(["--events", &n.to_string()]),
+            Input::File(path) => cmd.arg("--input").arg(path),
+        };
+        cmd.arg("--checkpoint-dir")
+            .arg(&self.checkpoints)
+            .args(["--checkpoint-interval", "150ms", "--recover", "--output-dir"])
+            .arg(&self.output)
+            .args(["--", "-w", &workers.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
+    fn spawn(&self, workers: usize) -> Child {
+        self.command(workers).spawn().expect("starting highwater")
+    }
+
+    /// Runs to completion (with `kill_at`, a `HIGHWATER_KILL_AT` kill point).
+    fn run(&self, workers: usize, kill_at: Option<&str>) -> Output {
+        let mut cmd = self.command(workers);
+        if let Some(point) = kill_at {
+            cmd.env("HIGHWATER_KILL_AT", point);
+        }
+        cmd.output().expect("running highwater")
+    }
+
+    fn run_ok(&self, workers: usize) {
+        let out = self.run(workers, None);
+        assert!(out.status.success(), "{} failed: {}", self.query, String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// The committed output: every part's data rows, parts in name order.
+    /// Each part starts with the header row; nothing is left pending.
+    fn committed(&self) -> String {
+        let mut parts: Vec<PathBuf> = std::fs::read_dir(&self.output)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "csv"))
+            .collect();
+        parts.sort();
+        let mut rows = String::new();
+        let mut header: Option<String> = None;
+        for part in parts {
+            let text = std::fs::read_to_string(&part).unwrap();
+            let (first, data) = text.split_once('\n').unwrap_or((&text, ""));
+            match &header {
+                None => header = Some(first.to_owned()),
+                Some(h) => assert_eq!(h, first, "{} starts with a different header", part.display()),
+            }
+            assert!(!data.is_empty(), "{} holds no rows (empty parts are not written)", part.display());
+            rows.push_str(data);
+        }
+        let pending = std::fs::read_dir(self.output.join(".pending")).map(|d| d.count()).unwrap_or(0);
+        assert_eq!(pending, 0, "parts left pending after a completed run");
+        rows
+    }
+}
+
+/// The query's rows without checkpoints (plain CSV output), sorted.
+fn plain_rows(query: &str, input: &Input, dir: &Path) -> Vec<String> {
+    let csv = dir.join(format!("{query}-plain.csv"));
+    let mut cmd = Command::new(BIN);
+    cmd.args(["nexmark", "-q", query, "--partitions", "4"]);
+    match input {
+        Input::Generator(n) => cmd.args(["--events", &n.to_string()]),
+        Input::File(path) => cmd.arg("--input").arg(path),
+    };
+    let out = cmd.arg("--output").arg(&csv).args(["--", "-w", "2"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut rows: Vec<String> = text.lines().skip(1).map(str::to_owned).collect();
+    rows.sort();
+    rows
+}
+
+/// The uninterrupted run's committed output, checked against the plain CSV
+/// output, and how long the run took.
+fn reference(query: &'static str, input: &Input, dir: &Path) -> (String, Duration) {
+    let job = Job::new(query, input, dir, &format!("{query}-reference"));
+    let started = Instant::now();
+    job.run_ok(2);
+    let took = started.elapsed();
+    let rows = job.committed();
+    let mut sorted: Vec<String> = rows.lines().map(str::to_owned).collect();
+    sorted.sort();
+    assert_eq!(sorted, plain_rows(query, input, dir), "{query}: committed parts differ from the plain output");
+    assert!(!sorted.is_empty(), "{query} produced no rows: a vacuous test");
+    (rows, took)
+}
+
+fn seed() -> u64 {
+    let seed = std::env::var("HIGHWATER_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+    });
+    eprintln!("HIGHWATER_CRASH_SEED={seed}");
+    seed
+}
+
+/// Kills `kills` runs of `query` at random moments within `span` (an
+/// uninterrupted run's duration), restarting each with `--recover` on the
+/// next worker count of `workers`; whenever a job completes, its output must
+/// equal `expected`, and a fresh job starts until all the kills are done.
+fn crash_loop(
+    query: &'static str,
+    input: &Input,
+    dir: &Path,
+    (expected, span): &(String, Duration),
+    kills: usize,
+    workers: &[usize],
+    rng: &mut Rng,
+) {
+    let span = span.as_millis() as u64;
+    let mut done = 0;
+    let mut round = 0;
+    let mut jobs = 0;
+    while done < kills {
+        jobs += 1;
+        let job = Job::new(query, input, dir, &format!("{query}-crash-{jobs}"));
+        loop {
+            let w = workers[round % workers.len()];
+            round += 1;
+            let mut child = job.spawn(w);
+            let started = Instant::now();
+            if done < kills {
+                let after = rng.millis(span / 10, span * 9 / 10 + 2);
+                while started.elapsed() < after && child.try_wait().unwrap().is_none() {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                if child.try_wait().unwrap().is_none() {
+                    child.kill().unwrap(); // SIGKILL
+                    child.wait().unwrap();
+                    done += 1;
+                    continue;
+                }
+            }
+            let out = child.wait_with_output().unwrap();
+            assert!(out.status.success(), "{query} failed on recovery: {}", String::from_utf8_lossy(&out.stderr));
+            break;
+        }
+        assert_eq!(&job.committed(), expected, "{query}: output after {done} kills differs from the uninterrupted run");
+        let _ = std::fs::remove_dir_all(&job.checkpoints);
+        let _ = std::fs::remove_dir_all(&job.output);
+    }
+    eprintln!("{query}: {done} kills over {jobs} jobs, {round} runs");
+}
+
+fn kills() -> usize {
+    std::env::var("HIGHWATER_CRASH_KILLS").ok().and_then(|s| s.parse().ok()).unwrap_or(21)
+}
+
+/// Nexmark events as a JSON Lines file (the file source rewinds by byte offset).
+fn events_file(dir: &Path, events: u64) -> PathBuf {
+    let path = dir.join("events.jsonl");
+    let out =
+        Command::new(BIN).args(["generate", "--events", &events.to_string(), "--output"]).arg(&path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    path
+}
+
+#[test]
+fn random_kills_of_q5_q8_and_sessions_leave_exactly_the_uninterrupted_output() {
+    let scratch = Scratch::new("loop");
+    let mut rng = Rng(seed());
+    let kills = kills();
+    let each = kills.div_ceil(3);
+    // q5 (sliding and tumbling windows) from a file, at a steady 2 workers.
+    let file = Input::File(events_file(&scratch.0, 1_000_000));
+    let expected = reference("q5", &file, &scratch.0);
+    crash_loop("q5", &file, &scratch.0, &expected, each, &[2], &mut rng);
+    // q8 (two tumbling windows and an interval join) from the generator, rescaled 2 → 1 → 2 …
+    let generated = Input::Generator(20_000_000);
+    let expected = reference("q8", &generated, &scratch.0);
+    crash_loop("q8", &generated, &scratch.0, &expected, each, &[2, 1], &mut rng);
+    // q11 (session windows), rescaled 1 → 2 → 1 …
+    let expected = reference("q11", &generated, &scratch.0);
+    crash_loop("q11", &generated, &scratch.0, &expected, kills - 2 * each, &[1, 2], &mut rng);
+}
+
+/// Runs `job` on `workers` workers until it kills itself at `point`.
+fn killed_at(point: &str, job: &Job, workers: usize) {
+    use std::os::unix::process::ExitStatusExt;
+    let out = job.run(workers, Some(point));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.signal(), Some(9), "the kill point {point} was not reached: {stderr}");
+}
+
+#[test]
+fn kills_while_writing_a_shard_the_manifest_or_committing_recover() {
+    let scratch = Scratch::new("points");
+    let input = Input::Generator(6_000_000);
+    let (expected, _) = reference("q5", &input, &scratch.0);
+    for point in ["shard-write:20", "manifest-write:2", "sink-commit:2"] {
+        let job = Job::new("q5", &input, &scratch.0, &point.replace(':', "-"));
+        killed_at(point, &job, 2);
+        if point.starts_with("sink-commit") {
+            // The manifest is there, the part is not yet renamed into place.
+            let pending = std::fs::read_dir(job.output.join(".pending")).unwrap().count();
+            assert_eq!(pending, 1, "the killed commit should leave its part pending");
+        }
+        if point.starts_with("manifest-write") {
+            let incomplete = std::fs::read_dir(&job.checkpoints)
+                .unwrap()
+                .filter_map(|e| e.ok())
+                .any(|e| e.path().join("MANIFEST.tmp").exists() && !e.path().join("MANIFEST").exists());
+            assert!(incomplete, "a half-written manifest should be left behind");
+        }
+        job.run_ok(2);
+        assert_eq!(job.committed(), expected, "after a kill at {point}");
+    }
+}
+
+#[test]
+fn recovery_rescales_from_one_worker_to_two_and_back() {
+    let scratch = Scratch::new("rescale");
+    let input = Input::Generator(8_000_000);
+    for query in ["q5", "q11"] {
+        let (expected, _) = reference(query, &input, &scratch.0);
+        let job = Job::new(query, &input, &scratch.0, &format!("{query}-rescale"));
+        killed_at("sink-commit:3", &job, 1);
+        killed_at("sink-commit:3", &job, 2);
+        job.run_ok(1);
+        assert_eq!(job.committed(), expected, "{query} rescaled 1 → 2 → 1");
+    }
+}
+
+/// Damages the newest checkpoint of `job` with `damage`, recovers, and checks
+/// that the previous one was used (with a warning) and the output is right.
+#[test]
+fn damaged_checkpoints_fall_back_to_the_previous_one() {
+    let scratch = Scratch::new("corrupt");
+    let input = Input::Generator(6_000_000);
+    let (expected, _) = reference("q5", &input, &scratch.0);
+    type Damage = fn(&Path);
+    let truncate: Damage = |chk| {
+        let sst = shard_file(chk, ".sst");
+        let len = std::fs::metadata(&sst).unwrap().len();
+        std::fs::OpenOptions::new().write(true).open(&sst).unwrap().set_len(len / 2).unwrap();
+    };
+    let flip: Damage = |chk| {
+        let sst = shard_file(chk, ".sst");
+        let mut bytes = std::fs::read(&sst).unwrap();
+        let i = bytes.len() / 3;
+        bytes[i] ^= 0x40;
+        std::fs::write(&sst, bytes).unwrap();
+    };
+    let no_manifest: Damage = |chk| std::fs::remove_file(chk.join("MANIFEST")).unwrap();
+    let bad_manifest: Damage = |chk| {
+        let path = chk.join("MANIFEST");
+        let mut bytes = std::fs::read(&path).unwrap();
+        let i = bytes.len() - 10;
+        bytes[i] ^= 0x01;
+        std::fs::write(&path, bytes).unwrap();
+    };
+    for (name, damage) in
+        [("truncated", truncate), ("flipped", flip), ("no-manifest", no_manifest), ("bad-manifest", bad_manifest)]
+    {
+        let job = Job::new("q5", &input, &scratch.0, name);
+        killed_at("sink-commit:4", &job, 2);
+        let newest = newest_checkpoint(&job.checkpoints);
+        damage(&newest);
+        let verify = Command::new(BIN).args(["checkpoints", "verify"]).arg(&job.checkpoints).output().unwrap();
+        let report = String::from_utf8_lossy(&verify.stdout);
+        assert!(verify.status.success(), "an older checkpoint is still usable: {report}");
+        assert!(!report.contains(&format!("{}: complete", newest.file_name().unwrap().to_string_lossy())), "{report}");
+        let out = job.run(2, None);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{name}: {stderr}");
+        if name != "no-manifest" {
+            assert!(stderr.contains("skipping a damaged checkpoint"), "{name}: no warning in {stderr}");
+        }
+        assert_eq!(job.committed(), expected, "after a {name} checkpoint");
+    }
+    // Nothing usable left: a clear error, not a fresh start.
+    let job = Job::new("q5", &input, &scratch.0, "all-bad");
+    killed_at("sink-commit:2", &job, 2);
+    for entry in std::fs::read_dir(&job.checkpoints).unwrap() {
+        let path = entry.unwrap().path();
+        if path.join("MANIFEST").exists() {
+            let sst = shard_file(&path, ".sst");
+            std::fs::write(&sst, b"garbage").unwrap();
+        }
+    }
+    let out = job.run(2, None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("no usable checkpoint"), "{stderr}");
+}
+
+fn newest_checkpoint(dir: &Path) -> PathBuf {
+    let mut complete: Vec<PathBuf> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.join("MANIFEST").exists()).collect();
+    complete.sort();
+    assert!(complete.len() >= 2, "need an older checkpoint to fall back to, have {complete:?}");
+    complete.pop().unwrap()
+}
+
+fn shard_file(checkpoint: &Path, suffix: &str) -> PathBuf {
+    let shard = checkpoint.join("shard-0");
+    std::fs::read_dir(&shard)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(suffix))
+        .unwrap_or_else(|| panic!("no {suffix} file in {}", shard.display()))
+}

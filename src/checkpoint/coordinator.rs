@@ -2,7 +2,6 @@
 //! worker's share, writes checkpoints on a background thread, and restores.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -12,21 +11,36 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::operators::checkpoint::{CheckpointId, Cut, Entry, StateStore};
 use crate::operators::{Timestamp, END_OF_TIME};
 
-use super::manifest::{Manifest, PartitionState, ShardInfo, SinkKind, SinkPart, FORMAT_VERSION};
-use super::store::{open_store, sync_dir, CheckpointStore};
+use super::manifest::{Manifest, PartitionState, ShardInfo, SinkPart, FORMAT_VERSION};
+use super::store::{open_store, CheckpointStore};
 use super::{kill, shard, CheckpointConfig, CheckpointError};
 
-/// A sink's share of a checkpoint: the rows it sets aside at the cut.
+/// A sink's share of a checkpoint: the output it sets aside at the cut.
 #[derive(Debug)]
 pub struct SinkSubmission {
     /// The sink's name.
     pub sink: String,
-    /// How the part will be committed.
-    pub kind: SinkKind,
-    /// Where (an output directory).
-    pub target: PathBuf,
-    /// The part's contents and row count; `None` if the sink had no output.
+    /// The part's contents (encoded as its committer reads them) and row
+    /// count; `None` if the sink had no output.
     pub part: Option<(Vec<u8>, u64)>,
+}
+
+/// How an exactly-once sink makes its output durable, then visible, per checkpoint.
+///
+/// The checkpoint writer calls [`prepare`](Self::prepare) for every part
+/// before it writes the manifest, and [`commit`](Self::commit) after; on
+/// recovery the sink, when registered, re-commits the parts of the restored
+/// checkpoint and [`abort_after`](Self::abort_after) removes what later,
+/// uncommitted checkpoints had prepared. `commit` must be idempotent.
+pub trait SinkCommitter: Send + Sync + std::fmt::Debug {
+    /// Makes a part durable but invisible (pre-commit); `part` is `None`
+    /// when the sink had no output at checkpoint `id`.
+    fn prepare(&self, id: CheckpointId, part: Option<(&[u8], u64)>) -> Result<SinkPart, CheckpointError>;
+    /// Makes a prepared part visible; a part already committed is left as it is.
+    fn commit(&self, part: &SinkPart) -> Result<(), CheckpointError>;
+    /// Discards parts prepared for checkpoints after `id` (never committed),
+    /// and any output of them already visible (a damaged newer checkpoint).
+    fn abort_after(&self, id: CheckpointId) -> Result<(), CheckpointError>;
 }
 
 /// One checkpoint being collected from the workers.
@@ -48,6 +62,7 @@ struct State {
     sources: BTreeSet<(String, usize)>,
     finished: BTreeSet<(String, usize)>,
     sinks: BTreeSet<(String, usize)>,
+    committers: BTreeMap<String, Arc<dyn SinkCommitter>>,
     max_published: Timestamp,
     next_id: CheckpointId,
     announced: Vec<Cut>,
@@ -134,43 +149,6 @@ pub fn check(store: &dyn CheckpointStore, id: CheckpointId) -> Result<Manifest, 
     Ok(manifest)
 }
 
-/// Makes the parts of `sinks` visible; doing it again is a no-op.
-pub(crate) fn commit_sinks(sinks: &[SinkPart]) -> Result<(), CheckpointError> {
-    let mut dirs = BTreeSet::new();
-    for part in sinks {
-        match part.kind {
-            SinkKind::Files => {
-                if part.pending.is_empty() {
-                    continue;
-                }
-                let pending = part.target.join(&part.pending);
-                let committed = part.target.join(&part.committed);
-                match std::fs::rename(&pending, &committed) {
-                    Ok(()) => {
-                        dirs.insert(part.target.clone());
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound && committed.exists() => {}
-                    Err(e) => {
-                        return Err(CheckpointError::Io {
-                            what: format!("committing {} as {}", pending.display(), committed.display()),
-                            source: e,
-                        })
-                    }
-                }
-            }
-        }
-    }
-    for dir in dirs {
-        sync_dir(&dir)?;
-    }
-    Ok(())
-}
-
-/// The id of a committed part file's name (`part-{id}.csv`).
-fn part_id(name: &str) -> Option<CheckpointId> {
-    name.strip_prefix("part-").and_then(|n| n.strip_suffix(".csv")).and_then(|n| n.parse().ok())
-}
-
 impl Checkpoints {
     /// Starts checkpointing a job of `workers` workers (threads of this
     /// process). With `config.recover`, restores the newest usable checkpoint
@@ -192,7 +170,6 @@ impl Checkpoints {
                     tracing::warn!("skipping a damaged checkpoint: {reason}");
                 }
                 tracing::info!(id = manifest.id, time = manifest.time, "recovering from checkpoint");
-                commit_sinks(&manifest.sinks)?;
                 let entries = load_entries(&*store, &manifest, workers)?;
                 next_id = manifest.id + 1;
                 restored = Some(Restored { manifest, entries: Mutex::new(entries) });
@@ -374,27 +351,24 @@ impl Checkpoints {
         self.try_complete(&mut state, cut.id);
     }
 
-    /// Registers an exactly-once sink (by name) on `worker`, writing to
-    /// `target`: removes what an earlier run left there uncommitted (pending
-    /// parts, and parts of checkpoints newer than the one recovered).
-    pub fn register_sink(&self, sink: &str, worker: usize, target: &Path) -> Result<(), CheckpointError> {
-        let restored_id = self.restored().map_or(0, |m| m.id);
-        let io = |what: &Path| {
-            let what = what.display().to_string();
-            move |source| CheckpointError::Io { what, source }
-        };
-        std::fs::create_dir_all(target.join(".pending")).map_err(io(target))?;
-        for entry in std::fs::read_dir(target.join(".pending")).map_err(io(target))?.flatten() {
-            let _ = std::fs::remove_file(entry.path());
-        }
-        for entry in std::fs::read_dir(target).map_err(io(target))?.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if part_id(&name).is_some_and(|id| id > restored_id) {
-                tracing::warn!(part = %name, "removing a part of a checkpoint newer than the one recovered");
-                std::fs::remove_file(entry.path()).map_err(io(&entry.path()))?;
+    /// Registers an exactly-once sink (by name) on `worker`. After a
+    /// recovery, re-commits the sink's parts of the restored checkpoint (a
+    /// no-op if they were), then discards what newer checkpoints prepared.
+    pub fn register_sink(
+        &self,
+        sink: &str,
+        worker: usize,
+        committer: Arc<dyn SinkCommitter>,
+    ) -> Result<(), CheckpointError> {
+        if let Some(manifest) = self.restored() {
+            for part in manifest.sinks.iter().filter(|p| p.sink == sink) {
+                committer.commit(part)?;
             }
         }
-        lock(&self.0.state).sinks.insert((sink.to_owned(), worker));
+        committer.abort_after(self.restored().map_or(0, |m| m.id))?;
+        let mut state = lock(&self.0.state);
+        state.sinks.insert((sink.to_owned(), worker));
+        state.committers.insert(sink.to_owned(), committer);
         Ok(())
     }
 
@@ -521,28 +495,16 @@ fn write_checkpoint(inner: &Inner, c: Collecting) -> Result<Manifest, Checkpoint
         let files = store.put_shard(id, worker, &local)?;
         shards.push(ShardInfo { worker, entries, files });
     }
+    let committers = lock(&inner.state).committers.clone();
+    let committer = |sink: &str| {
+        committers.get(sink).cloned().ok_or_else(|| CheckpointError::Failed(format!("sink {sink} has no committer")))
+    };
     let mut sinks = Vec::new();
     for (_, submission) in c.sinks {
-        let committed = format!("part-{id:010}.csv");
-        let mut part = SinkPart {
-            sink: submission.sink,
-            kind: submission.kind,
-            target: submission.target,
-            pending: String::new(),
-            committed,
-            rows: 0,
-        };
-        if let Some((bytes, rows)) = submission.part {
-            let pending = format!(".pending/part-{id:010}.csv");
-            let path = part.target.join(&pending);
-            let io = |source| CheckpointError::Io { what: path.display().to_string(), source };
-            std::fs::write(&path, &bytes).map_err(io)?;
-            std::fs::File::open(&path).and_then(|f| f.sync_all()).map_err(io)?;
-            sync_dir(&part.target.join(".pending"))?;
-            part.pending = pending;
-            part.rows = rows;
-        }
-        sinks.push(part);
+        let part = submission.part.as_ref().map(|(bytes, rows)| (bytes.as_slice(), *rows));
+        let mut prepared = committer(&submission.sink)?.prepare(id, part)?;
+        prepared.sink = submission.sink;
+        sinks.push(prepared);
     }
     let mut sources = c.sources;
     for partitions in sources.values_mut() {
@@ -564,7 +526,9 @@ fn write_checkpoint(inner: &Inner, c: Collecting) -> Result<Manifest, Checkpoint
     };
     store.put_manifest(id, &manifest.to_bytes())?;
     kill::point("sink-commit");
-    commit_sinks(&manifest.sinks)?;
+    for part in &manifest.sinks {
+        committer(&part.sink)?.commit(part)?;
+    }
     tracing::info!(
         id,
         time = manifest.time,

@@ -1,7 +1,6 @@
 //! The manifest: the file that makes a checkpoint exist, written last.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -123,30 +122,23 @@ pub struct FileInfo {
     pub crc32: u32,
 }
 
-/// A sink's output for one checkpoint: written under `pending` before the
-/// manifest, renamed to `committed` after it.
+/// A sink's output for one checkpoint: made durable but invisible before the
+/// manifest is written (pre-committed, as `pending`), made visible after it
+/// (committed, as `committed`) by the sink's [`SinkCommitter`](super::SinkCommitter).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SinkPart {
     /// The sink's name.
     pub sink: String,
-    /// How the part is committed.
-    pub kind: SinkKind,
-    /// Where the sink commits (an output directory, or a database's address).
-    pub target: PathBuf,
-    /// The pre-committed part, relative to the target (empty if none).
+    /// The kind of sink, e.g. `files` or `postgres`.
+    pub kind: String,
+    /// Where it commits (an output directory, a table).
+    pub target: String,
+    /// The pre-committed part (empty if the sink had no output at this checkpoint).
     pub pending: String,
-    /// The committed part, relative to the target.
+    /// The committed part.
     pub committed: String,
     /// Rows in the part.
     pub rows: u64,
-}
-
-/// How a sink's part is committed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum SinkKind {
-    /// Part files in a directory: committing renames `pending` to `committed`.
-    Files,
 }
 
 #[cfg(test)]

@@ -118,13 +118,14 @@ pub(super) fn run(args: CheckpointsArgs) -> anyhow::Result<()> {
             }
             for part in &m.sinks {
                 println!(
-                    "sink {}: {} rows -> {}",
+                    "sink {} ({}): {} rows -> {}",
                     part.sink,
+                    part.kind,
                     part.rows,
                     if part.pending.is_empty() {
                         "(no part)".to_owned()
                     } else {
-                        part.target.join(&part.committed).display().to_string()
+                        format!("{} in {}", part.committed, part.target)
                     }
                 );
             }

@@ -1,7 +1,8 @@
 //! Exactly-once output to a directory of committed CSV part files.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use highwater_operators::checkpoint::CheckpointId;
 use highwater_operators::time::watermark_of;
@@ -10,7 +11,7 @@ use timely::dataflow::channels::pact::Exchange;
 use timely::dataflow::operators::generic::Operator;
 
 use super::SinkHandle;
-use crate::checkpoint::{CheckpointError, Checkpoints, SinkKind, SinkSubmission};
+use crate::checkpoint::{CheckpointError, Checkpoints, SinkCommitter, SinkPart, SinkSubmission};
 
 /// Writes the lines of `stream` to `dir` with exactly-once effect: one part
 /// file per checkpoint, `part-{id}.csv`, each starting with `header`.
@@ -42,7 +43,7 @@ pub fn write_parts(
     let worker = stream.scope().index();
     let checkpoints = (worker == 0).then(|| checkpoints.clone());
     if let Some(c) = checkpoints.as_ref() {
-        c.register_sink(name, worker, &dir)?;
+        c.register_sink(name, worker, Arc::new(PartFiles { dir: dir.clone() }))?;
     }
     let sink = name.to_owned();
     let mut buffer: BTreeMap<Timestamp, Vec<(Timestamp, String, i64)>> = BTreeMap::new();
@@ -84,10 +85,82 @@ pub fn write_parts(
             c.submit_sink(
                 0,
                 cut,
-                SinkSubmission { sink: sink.clone(), kind: SinkKind::Files, target: dir.clone(), part },
+                SinkSubmission { sink: sink.clone(), part },
             );
             done = Some(cut.id);
         }
     });
     Ok(handle)
+}
+
+/// Commits part files: pending in `dir/.pending`, renamed into `dir`.
+#[derive(Debug)]
+struct PartFiles {
+    dir: PathBuf,
+}
+
+fn io(what: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError {
+    let what = what.display().to_string();
+    move |source| CheckpointError::Io { what, source }
+}
+
+/// The id of a committed part's file name (`part-{id}.csv`).
+fn part_id(name: &str) -> Option<CheckpointId> {
+    name.strip_prefix("part-").and_then(|n| n.strip_suffix(".csv")).and_then(|n| n.parse().ok())
+}
+
+impl SinkCommitter for PartFiles {
+    fn prepare(&self, id: CheckpointId, part: Option<(&[u8], u64)>) -> Result<SinkPart, CheckpointError> {
+        let committed = format!("part-{id:010}.csv");
+        let mut out = SinkPart {
+            sink: String::new(),
+            kind: "files".to_owned(),
+            target: self.dir.display().to_string(),
+            pending: String::new(),
+            committed,
+            rows: 0,
+        };
+        if let Some((bytes, rows)) = part {
+            let pending = format!(".pending/part-{id:010}.csv");
+            let path = self.dir.join(&pending);
+            std::fs::write(&path, bytes).map_err(io(&path))?;
+            std::fs::File::open(&path).and_then(|f| f.sync_all()).map_err(io(&path))?;
+            crate::checkpoint::store::sync_dir(&self.dir.join(".pending"))?;
+            out.pending = pending;
+            out.rows = rows;
+        }
+        Ok(out)
+    }
+
+    fn commit(&self, part: &SinkPart) -> Result<(), CheckpointError> {
+        if part.pending.is_empty() {
+            return Ok(());
+        }
+        let pending = self.dir.join(&part.pending);
+        let committed = self.dir.join(&part.committed);
+        match std::fs::rename(&pending, &committed) {
+            Ok(()) => crate::checkpoint::store::sync_dir(&self.dir),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && committed.exists() => Ok(()),
+            Err(e) => Err(CheckpointError::Io {
+                what: format!("committing {} as {}", pending.display(), committed.display()),
+                source: e,
+            }),
+        }
+    }
+
+    fn abort_after(&self, id: CheckpointId) -> Result<(), CheckpointError> {
+        let pending = self.dir.join(".pending");
+        std::fs::create_dir_all(&pending).map_err(io(&pending))?;
+        for entry in std::fs::read_dir(&pending).map_err(io(&pending))?.flatten() {
+            std::fs::remove_file(entry.path()).map_err(io(&entry.path()))?;
+        }
+        for entry in std::fs::read_dir(&self.dir).map_err(io(&self.dir))?.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if part_id(&name).is_some_and(|part| part > id) {
+                tracing::warn!(part = %name, "removing a part of a checkpoint newer than the one recovered");
+                std::fs::remove_file(entry.path()).map_err(io(&entry.path()))?;
+            }
+        }
+        Ok(())
+    }
 }

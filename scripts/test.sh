@@ -30,6 +30,17 @@ if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
     if [ -n "$policy_added" ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 
+# RocksDB and libclang for the build (checkpoint shards).
+source scripts/setup.sh
+
+# An S3-compatible server for the checkpoint store tests: moto's, from PyPI
+# (the test starts it on a free loopback port).
+if ! command -v moto_server >/dev/null 2>&1; then
+    log "installing moto_server (for the S3 checkpoint store test)"
+    python3 -m pip install --quiet 'moto[server]'
+    hash -r
+fi
+
 log "cargo fmt --check"
 cargo fmt --all -- --check
 

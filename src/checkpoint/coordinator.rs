@@ -269,6 +269,15 @@ impl Checkpoints {
         self.restored().and_then(|m| m.sources.get(source)).map(|v| v.as_slice())
     }
 
+    /// Installs this job's state store on the calling thread, worker
+    /// `worker`, for the dataflows it builds until the guard is dropped (see
+    /// [`highwater_operators::checkpoint::install`]). Call
+    /// [`built`](Self::built) once the worker's dataflows are built.
+    pub fn attach(&self, worker: usize) -> Attached {
+        crate::operators::checkpoint::install(Some(std::rc::Rc::new(self.worker(worker))));
+        Attached(())
+    }
+
     /// The per-worker [`StateStore`] the operators of `worker` use.
     pub fn worker(&self, worker: usize) -> WorkerStore {
         WorkerStore { checkpoints: self.clone(), worker }
@@ -554,6 +563,17 @@ fn collect_garbage(store: &dyn CheckpointStore, keep: usize, newest: CheckpointI
         }
     }
     Ok(())
+}
+
+/// Keeps a job's state store installed on a worker thread; see [`Checkpoints::attach`].
+#[derive(Debug)]
+#[must_use = "the store is removed when the guard is dropped"]
+pub struct Attached(());
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        crate::operators::checkpoint::install(None);
+    }
 }
 
 /// A worker's view of the [`Checkpoints`], for its operators.

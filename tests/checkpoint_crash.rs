@@ -61,6 +61,7 @@ struct Job {
     input: Input,
     checkpoints: PathBuf,
     output: PathBuf,
+    interval: &'static str,
 }
 
 impl Job {
@@ -70,6 +71,7 @@ impl Job {
             input: input.clone(),
             checkpoints: dir.join(format!("{name}-checkpoints")),
             output: dir.join(format!("{name}-out")),
+            interval: "150ms",
         }
     }
 
@@ -82,7 +84,7 @@ impl Job {
         };
         cmd.arg("--checkpoint-dir")
             .arg(&self.checkpoints)
-            .args(["--checkpoint-interval", "150ms", "--recover", "--output-dir"])
+            .args(["--checkpoint-interval", self.interval, "--recover", "--output-dir"])
             .arg(&self.output)
             .args(["--", "-w", &workers.to_string()])
             .stdout(Stdio::null())
@@ -286,6 +288,17 @@ fn kills_while_writing_a_shard_the_manifest_or_committing_recover() {
         job.run_ok(2);
         assert_eq!(job.committed(), expected, "after a kill at {point}");
     }
+    // The final checkpoint (the only one, with a long interval): its manifest
+    // is written, its part not yet committed; the restart has nothing to run
+    // but must commit the part.
+    let mut job = Job::new("q5", &input, &scratch.0, "final-commit");
+    job.interval = "1h";
+    killed_at("sink-commit:1", &job, 2);
+    assert_eq!(std::fs::read_dir(job.output.join(".pending")).unwrap().count(), 1);
+    let out = job.run(2, None);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the job has completed"));
+    assert_eq!(job.committed(), expected, "after a kill while committing the final checkpoint");
 }
 
 #[test]

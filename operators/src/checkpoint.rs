@@ -79,8 +79,9 @@ pub trait StateStore {
     fn restored(&self, operator: &str) -> Option<Vec<Entry>>;
     /// The time of the checkpoint the job was recovered from.
     fn restored_time(&self) -> Option<Timestamp>;
-    /// Hands over `operator`'s state as of `cut`.
-    fn submit(&self, operator: &str, cut: Cut, entries: Vec<Entry>);
+    /// Hands over `operator`'s state as of `cut`; taking it paused the
+    /// worker for `pause`.
+    fn submit(&self, operator: &str, cut: Cut, entries: Vec<Entry>, pause: std::time::Duration);
     /// Whether `operator` has handed over its state for `cut` on every
     /// worker (its gates open only then: an update let through on one worker
     /// may be exchanged to another whose instance has not yet taken its snapshot).
@@ -177,9 +178,11 @@ impl Checkpointer {
         self.store.cut_after(self.shared.done.get()).filter(|c| c.time <= watermark)
     }
 
-    /// Hands over the state as of `cut` and opens the gates.
-    pub(crate) fn submit(&self, cut: Cut, entries: Vec<Entry>) {
-        self.store.submit(&self.name, cut, entries);
+    /// Takes the state as of `cut` with `snapshot`, hands it over, and opens the gates.
+    pub(crate) fn snapshot(&self, cut: Cut, snapshot: impl FnOnce() -> Vec<Entry>) {
+        let started = std::time::Instant::now();
+        let entries = snapshot();
+        self.store.submit(&self.name, cut, entries, started.elapsed());
         self.shared.done.set(Some(cut.id));
         for gate in self.shared.gates.borrow().iter() {
             gate.activate();

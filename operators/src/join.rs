@@ -431,14 +431,16 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                 }
                 if let Some(c) = checkpointer.as_ref() {
                     while let Some(cut) = c.due(left_watermark.min(right_watermark)) {
-                        let mut entries: Vec<Entry> = Vec::with_capacity(lefts.len() + rights.len());
-                        for (k, held) in lefts.iter() {
-                            entries.push((route(k), encode(&Sided::<_, _, ()>::Left(k, held))));
-                        }
-                        for (k, held) in rights.iter() {
-                            entries.push((route(k), encode(&Sided::<_, (), _>::Right(k, held))));
-                        }
-                        c.submit(cut, entries);
+                        c.snapshot(cut, || {
+                            let mut entries: Vec<Entry> = Vec::with_capacity(lefts.len() + rights.len());
+                            for (k, held) in lefts.iter() {
+                                entries.push((route(k), encode(&Sided::<_, _, ()>::Left(k, held))));
+                            }
+                            for (k, held) in rights.iter() {
+                                entries.push((route(k), encode(&Sided::<_, (), _>::Right(k, held))));
+                            }
+                            entries
+                        });
                     }
                 }
             }

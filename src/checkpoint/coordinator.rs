@@ -615,7 +615,8 @@ impl StateStore for WorkerStore {
         }
     }
 
-    fn submit(&self, operator: &str, cut: Cut, entries: Vec<Entry>) {
+    fn submit(&self, operator: &str, cut: Cut, entries: Vec<Entry>, pause: Duration) {
+        tracing::debug!(operator, worker = self.worker, id = cut.id, entries = entries.len(), ?pause, "snapshot taken");
         let mut state = lock(&self.checkpoints.0.state);
         if let Some(c) = state.collecting.get_mut(&cut.id) {
             c.operators.push((self.worker, operator.to_owned(), entries));

@@ -42,8 +42,8 @@ pub mod store;
 
 use std::time::Duration;
 
-pub use coordinator::{check, latest_usable, Checkpoints, SinkSubmission, WorkerStore};
-pub use manifest::{FileInfo, Manifest, PartitionState, ShardInfo, SinkKind, SinkPart, FORMAT_VERSION};
+pub use coordinator::{check, latest_usable, Attached, Checkpoints, SinkCommitter, SinkSubmission, WorkerStore};
+pub use manifest::{FileInfo, Manifest, PartitionState, ShardInfo, SinkPart, FORMAT_VERSION};
 pub use store::{open_store, CheckpointStore, LocalStore};
 
 /// How a job checkpoints.
@@ -141,4 +141,13 @@ pub enum CheckpointError {
     /// Writing a checkpoint failed earlier in the run.
     #[error("checkpointing failed: {0}")]
     Failed(String),
+    /// An exactly-once sink could not pre-commit, commit or abort its output
+    /// (e.g. its database refused a statement or could not be reached).
+    #[error("sink {sink}: {reason}")]
+    Sink {
+        /// The sink, as its committer knows it (e.g. `Output:nexmark_q5`).
+        sink: String,
+        /// What failed, with the sink's own error message.
+        reason: String,
+    },
 }

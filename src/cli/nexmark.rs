@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,7 +21,8 @@ use crate::nexmark::{
 };
 use crate::operators::{EventStream, Timestamp};
 use crate::sink::{
-    write, write_json_lines, write_lines, write_parts, LineTarget, Placement, Sink, SinkError, SinkHandle, SinkMode,
+    write, write_json_lines, write_lines, write_parts, write_postgres, LineTarget, PartFiles, Placement,
+    PostgresCommitter, PostgresSinkConfig, Sink, SinkError, SinkHandle, SinkMode,
 };
 use crate::source::{read, JsonLines, SourceOptions, SourceStreams};
 use crate::time::{Millis, WatermarkStrategy};
@@ -108,6 +108,20 @@ pub(super) struct NexmarkArgs {
     /// (`part-{checkpoint}.csv`, each with the header row), one per checkpoint.
     #[arg(long, requires = "checkpoint_dir", conflicts_with_all = ["output", "discard"])]
     output_dir: Option<PathBuf>,
+    /// Exactly-once output to a PostgreSQL table: a connection string
+    /// (`host=… port=… user=… dbname=…`, or a `postgresql://` URL; no TLS).
+    /// Each checkpoint's rows are upserted (retractions deleted) by key in one
+    /// transaction with the sink's progress.
+    #[arg(long, value_name = "CONNINFO", requires = "checkpoint_dir", conflicts_with_all = ["output", "output_dir", "discard"])]
+    output_postgres: Option<String>,
+    /// --output-postgres: the table (`name` or `schema.name`; default
+    /// `nexmark_q{N}`), created if missing with a `text` column per output column.
+    #[arg(long, value_name = "NAME", requires = "output_postgres")]
+    output_table: Option<String>,
+    /// --output-postgres: the table's primary key columns (default: all the
+    /// query's columns).
+    #[arg(long, value_name = "COL,COL", value_delimiter = ',', requires = "output_postgres")]
+    output_key: Vec<String>,
     /// Timely arguments: -w THREADS, -n PROCESSES, -p INDEX, -h HOSTFILE.
     #[arg(last = true)]
     timely: Vec<String>,
@@ -242,6 +256,39 @@ impl Sink for PartitionedCsv {
     }
 }
 
+/// The `--output-postgres` settings, all but the columns (the query's header).
+#[derive(Clone, Debug)]
+struct PostgresOutput {
+    conninfo: String,
+    table: String,
+    key: Vec<String>,
+}
+
+impl PostgresOutput {
+    fn from_args(args: &NexmarkArgs) -> Option<PostgresOutput> {
+        let conninfo = args.output_postgres.clone()?;
+        let table = args.output_table.clone().unwrap_or_else(|| format!("nexmark_q{}", args.query.0));
+        Some(PostgresOutput { conninfo, table, key: args.output_key.clone() })
+    }
+
+    /// The sink's configuration for a query with columns `header`.
+    fn config(&self, header: &[&str]) -> PostgresSinkConfig {
+        let columns: Vec<String> = header.iter().map(|c| (*c).to_owned()).collect();
+        let key = if self.key.is_empty() { columns.clone() } else { self.key.clone() };
+        PostgresSinkConfig { conninfo: self.conninfo.clone(), table: self.table.clone(), columns, key }
+    }
+}
+
+/// The column names of `query`'s output (built over no events).
+fn query_header(query: Query) -> &'static [&'static str] {
+    timely::execute_directly(move |worker| {
+        worker.dataflow::<Timestamp, _, _>(|scope| {
+            let events = EventStream::new(timely::dataflow::operators::generic::operator::empty(scope));
+            build(query, &events, &QueryOptions::default()).header
+        })
+    })
+}
+
 pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     let config = crate::cluster::config_from_args(&args.timely)?;
     let checkpoints = match &args.checkpoint_dir {
@@ -257,6 +304,22 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
             };
             let checkpoints = Checkpoints::open(checkpoint_config, crate::cluster::threads(&config))
                 .with_context(|| format!("opening the checkpoints in {location}"))?;
+            if let Some(postgres) = PostgresOutput::from_args(&args) {
+                // Before the workers start (an error while they build the
+                // dataflow would leave the others waiting): check the settings,
+                // connect, create the tables, and recover the sink (commit the
+                // restored checkpoint's part, discard newer ones), also when
+                // that checkpoint is the final one and no worker will run.
+                // Worker 0 registers the sink again, a no-op for the database.
+                let config = postgres.config(query_header(args.query));
+                let committer = PostgresCommitter::connect("Output", &config).context("--output-postgres")?;
+                checkpoints.register_sink("Output", 0, Arc::new(committer)).context("--output-postgres")?;
+            }
+            if let Some(dir) = args.output_dir.as_ref() {
+                // Likewise for the part files: recovered before the workers start.
+                let committer = Arc::new(PartFiles::new(dir.clone()));
+                checkpoints.register_sink("Output", 0, committer).context("--output-dir")?;
+            }
             if let Some(m) = checkpoints.restored().filter(|m| m.is_final()) {
                 eprintln!("checkpoint {} is the final one: the job has completed, nothing to do", m.id);
                 checkpoints.finish()?;
@@ -316,13 +379,12 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
         (args.query, args.output.clone(), args.discard, args.dead_letters.clone());
     let source_only = args.source_only;
     let output_dir = args.output_dir.clone();
+    let output_postgres = PostgresOutput::from_args(&args);
     let (g, s, ck) = (gauges.clone(), Arc::clone(&sinks), checkpoints.clone());
     let guards = crate::cluster::execute(config, move |worker| -> anyhow::Result<()> {
         let probe = ProbeHandle::new();
         let index = worker.index();
-        if let Some(ck) = ck.as_ref() {
-            crate::operators::checkpoint::install(Some(Rc::new(ck.worker(index))));
-        }
+        let attached = ck.as_ref().map(|ck| ck.attach(index));
         worker.dataflow::<Timestamp, _, _>(|scope| -> anyhow::Result<()> {
             let streams = events(scope, &input, source_options.clone(), &g, &probe)?;
             let out = if source_only {
@@ -341,6 +403,11 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
                 _ if output_dir.is_some() => {
                     let (dir, ck) = (output_dir.clone().expect("matched"), ck.as_ref().expect("required by clap"));
                     write_parts(&rows, "Output", dir, Some(header), ck)?
+                }
+                _ if output_postgres.is_some() => {
+                    let postgres = output_postgres.as_ref().expect("matched");
+                    let ck = ck.as_ref().expect("required by clap");
+                    write_postgres(&rows, "Output", postgres.config(out.header), ck)?
                 }
                 (Some(dir), 10) => {
                     let dir = dir.clone();
@@ -369,8 +436,8 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
             }
             Ok(())
         })?;
+        drop(attached);
         if let Some(ck) = ck.as_ref() {
-            crate::operators::checkpoint::install(None);
             ck.built(index)?;
         }
         Ok(())

@@ -11,6 +11,7 @@ mod collect;
 mod csv;
 mod lines;
 mod parts;
+mod postgres;
 
 use std::sync::{Arc, Mutex};
 
@@ -19,10 +20,13 @@ use highwater_operators::{Counter, EventStream, Timestamp, Update};
 use timely::dataflow::channels::pact::Exchange;
 use timely::dataflow::operators::generic::Operator;
 
+pub use self::postgres::{
+    parse_csv_line, write_postgres, CsvLineError, PostgresCommitter, PostgresSinkConfig, PostgresSinkError,
+};
 pub use collect::{collect, Collected};
 pub use csv::{csv_field, CsvRow};
 pub use lines::{write_json_lines, write_lines, LineSink, LineTarget, SinkMode};
-pub use parts::write_parts;
+pub use parts::{write_parts, PartFiles};
 
 /// An error writing to a sink: what failed and on which output.
 #[derive(Debug, thiserror::Error)]

@@ -43,7 +43,7 @@ pub fn write_parts(
     let worker = stream.scope().index();
     let checkpoints = (worker == 0).then(|| checkpoints.clone());
     if let Some(c) = checkpoints.as_ref() {
-        c.register_sink(name, worker, Arc::new(PartFiles { dir: dir.clone() }))?;
+        c.register_sink(name, worker, Arc::new(PartFiles::new(dir.clone())))?;
     }
     let sink = name.to_owned();
     let mut buffer: BTreeMap<Timestamp, Vec<(Timestamp, String, i64)>> = BTreeMap::new();
@@ -82,21 +82,29 @@ pub fn write_parts(
             }
             h.lines.add(count);
             let part = (count > 0).then_some((bytes, count));
-            c.submit_sink(
-                0,
-                cut,
-                SinkSubmission { sink: sink.clone(), part },
-            );
+            c.submit_sink(0, cut, SinkSubmission { sink: sink.clone(), part });
             done = Some(cut.id);
         }
     });
     Ok(handle)
 }
 
-/// Commits part files: pending in `dir/.pending`, renamed into `dir`.
+/// Commits the part files of [`write_parts`]: pending in `dir/.pending`,
+/// renamed into `dir`.
+///
+/// [`write_parts`] registers it; a program may also register it before its
+/// workers start ([`Checkpoints::register_sink`] with the sink's name), e.g.
+/// to commit the parts of a restored final checkpoint without running.
 #[derive(Debug)]
-struct PartFiles {
+pub struct PartFiles {
     dir: PathBuf,
+}
+
+impl PartFiles {
+    /// The committer of part files in `dir`.
+    pub fn new(dir: PathBuf) -> Self {
+        PartFiles { dir }
+    }
 }
 
 fn io(what: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError {

@@ -185,6 +185,9 @@ impl<R: PartitionReader> Partition<R> {
     }
 }
 
+/// A source still reading: its capability's time, its open and queued partitions.
+type Reading<'a, R> = (Timestamp, &'a mut Vec<Partition<R>>, &'a mut VecDeque<Partition<R>>);
+
 /// Reports this worker's partitions for every begun cut its capability has
 /// passed (`held`: the capability's time and the partitions still read), or
 /// for every begun cut if all its partitions have ended (`held` is `None`);
@@ -194,7 +197,7 @@ fn report_cuts<R: PartitionReader>(
     source: &str,
     reported: &mut Option<CheckpointId>,
     ended: &mut [Partition<R>],
-    mut held: Option<(Timestamp, &mut Vec<Partition<R>>, &mut VecDeque<Partition<R>>)>,
+    mut held: Option<Reading<'_, R>>,
 ) {
     while let Some(cut) = checkpoints.cut_after(*reported) {
         if held.as_ref().is_some_and(|(time, _, _)| *time < cut.time) {

@@ -252,7 +252,7 @@ where
             }
             if let Some(c) = checkpointer.as_ref() {
                 while let Some(cut) = c.due(watermark) {
-                    c.submit(cut, state.snapshot());
+                    c.snapshot(cut, || state.snapshot());
                 }
             }
         }

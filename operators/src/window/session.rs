@@ -280,8 +280,7 @@ where
             }
             if let Some(c) = checkpointer.as_ref() {
                 while let Some(cut) = c.due(watermark) {
-                    let entries = keys.iter().map(|(k, state)| (route(k), encode(&(k, state)))).collect();
-                    c.submit(cut, entries);
+                    c.snapshot(cut, || keys.iter().map(|(k, state)| (route(k), encode(&(k, state)))).collect());
                 }
             }
         }

@@ -1,0 +1,439 @@
+//! Checkpoints in S3-compatible object storage, against a real server: a
+//! throwaway `moto_server` (PyPI `moto[server]`) per test on a free loopback
+//! port. The store's operations round-trip (shards of one part and of
+//! several, manifests, listing, deletion) and damaged or missing shard files
+//! are reported as corrupt, naming the key. And `highwater nexmark`,
+//! checkpointing into S3, killed five times (three SIGKILLs from outside at
+//! times that depend on the run's progress, two from inside at the store's
+//! kill points: a shard half uploaded, a checkpoint without its manifest)
+//! and recovered each time, writes exactly the rows of an uninterrupted run
+//! with local checkpoints. The job is 20 M events (several seconds of work)
+//! so that it is still running at every kill.
+//!
+//! `moto_server` must be on `PATH` (`pip install 'moto[server]'`): without
+//! it these tests fail, they do not skip.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use highwater::checkpoint::s3::S3Store;
+use highwater::checkpoint::{CheckpointError, CheckpointStore, FileInfo};
+
+/// The tests run one at a time: the store API test sets the AWS variables in
+/// this process's environment, which must not race with another test.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A temporary directory, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("highwater-s3-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running `moto_server`, killed on drop.
+struct Moto {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Moto {
+    /// Starts a server on a free loopback port and waits until it answers.
+    fn start(dir: &Path) -> Moto {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let log = dir.join("moto.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start moto_server ({e}): the S3 checkpoint tests need it on PATH \
+                     (install it with `pip install 'moto[server]'`)"
+                )
+            });
+        let mut moto = Moto { child, port, log };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = moto.child.try_wait().unwrap() {
+                panic!("moto_server exited ({status}) before answering: {}", moto.log());
+            }
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() && moto.http("GET", "/").0 == 200 {
+                return moto;
+            }
+            assert!(Instant::now() < deadline, "moto_server did not answer within 60 s: {}", moto.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// A plain (unsigned) HTTP request; moto does not check signatures.
+    /// Returns the status and the body; status 0 if the server is not there.
+    fn http(&self, method: &str, path: &str) -> (u16, String) {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else { return (0, String::new()) };
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.port
+        );
+        if stream.write_all(request.as_bytes()).is_err() {
+            return (0, String::new());
+        }
+        let mut response = Vec::new();
+        if stream.read_to_end(&mut response).is_err() {
+            return (0, String::new());
+        }
+        let response = String::from_utf8_lossy(&response).into_owned();
+        let status = response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let body = response.split_once("\r\n\r\n").map_or(String::new(), |(_, b)| b.to_owned());
+        (status, body)
+    }
+
+    /// Creates a bucket (object_store cannot).
+    fn create_bucket(&self, bucket: &str) {
+        let (status, body) = self.http("PUT", &format!("/{bucket}"));
+        assert_eq!(status, 200, "creating bucket {bucket}: {body}");
+    }
+
+    /// The keys under `prefix` in `bucket` (one page: up to 1000).
+    fn keys(&self, bucket: &str, prefix: &str) -> Vec<String> {
+        let (status, body) = self.http("GET", &format!("/{bucket}?list-type=2&prefix={prefix}"));
+        assert_eq!(status, 200, "listing {bucket}/{prefix}: {body}");
+        body.split("<Key>").skip(1).filter_map(|s| s.split_once("</Key>")).map(|(k, _)| k.to_owned()).collect()
+    }
+
+    /// The environment that points the AWS client at this server.
+    fn env(&self) -> [(&'static str, String); 4] {
+        [
+            ("AWS_ACCESS_KEY_ID", "testing".into()),
+            ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+            ("AWS_REGION", "us-east-1".into()),
+            ("AWS_ENDPOINT_URL", self.endpoint()),
+        ]
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Pseudo-random bytes (xorshift), so that the CRC-32 sees varied data.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn the_store_round_trips_and_reports_damage() {
+    let _serial = serial();
+    let tmp = TempDir::new("api");
+    let moto = Moto::start(&tmp.0);
+    moto.create_bucket("bucket");
+    // S3Store::open reads the configuration from this process's environment.
+    for (key, value) in moto.env() {
+        std::env::set_var(key, value);
+    }
+    for key in ["AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION"] {
+        std::env::remove_var(key);
+    }
+
+    let store = S3Store::open("s3://bucket/api/").unwrap();
+    assert_eq!(store.describe(), "s3://bucket/api");
+    assert_eq!(store.list().unwrap(), Vec::<u64>::new());
+
+    // A shard: a small file, one big enough for a multipart upload, and
+    // RocksDB's informational log (left out).
+    let local = tmp.0.join("shard");
+    std::fs::create_dir_all(&local).unwrap();
+    let small = noise(10_000, 1);
+    let big = noise(40 << 20, 2);
+    std::fs::write(local.join("000001.sst"), &small).unwrap();
+    std::fs::write(local.join("000002.sst"), &big).unwrap();
+    std::fs::write(local.join("LOG"), "informational").unwrap();
+    let files = store.put_shard(1, 0, &local).unwrap();
+    let names: Vec<&str> = files.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["000001.sst", "000002.sst"]);
+    assert_eq!(files[0].size, small.len() as u64);
+    assert_eq!(files[0].crc32, crc32fast::hash(&small));
+    assert_eq!(files[1].size, big.len() as u64);
+    assert_eq!(files[1].crc32, crc32fast::hash(&big));
+    assert!(!local.exists(), "put_shard takes the local shard over");
+    assert_eq!(
+        moto.keys("bucket", "api/"),
+        ["api/chk-0000000001/shard-0/000001.sst", "api/chk-0000000001/shard-0/000002.sst"]
+    );
+
+    // Without its manifest the checkpoint is listed but incomplete.
+    assert_eq!(store.list().unwrap(), [1]);
+    assert_eq!(store.get_manifest(1).unwrap(), None);
+    store.put_manifest(1, b"the manifest").unwrap();
+    assert_eq!(store.get_manifest(1).unwrap().as_deref(), Some(&b"the manifest"[..]));
+
+    // Fetched by another store (no cache), checked, in a local directory.
+    let reader = S3Store::open("s3://bucket/api").unwrap();
+    let dir = reader.get_shard(1, 0, &files).unwrap();
+    assert!(dir.starts_with(reader.staging()));
+    assert_eq!(std::fs::read(dir.join("000001.sst")).unwrap(), small);
+    assert_eq!(std::fs::read(dir.join("000002.sst")).unwrap(), big);
+    // Again (from the cache, still checked).
+    assert_eq!(reader.get_shard(1, 0, &files).unwrap(), dir);
+
+    // A file that does not match the manifest, and a missing one.
+    let mut wrong = files.clone();
+    wrong[0].crc32 ^= 1;
+    match reader.get_shard(1, 0, &wrong) {
+        Err(CheckpointError::Corrupt { what, reason }) => {
+            assert_eq!(what, "s3://bucket/api/chk-0000000001/shard-0/000001.sst");
+            assert!(reason.contains("crc32"), "{reason}");
+        }
+        other => panic!("a checksum mismatch must be Corrupt, got {other:?}"),
+    }
+    let missing = vec![FileInfo { name: "000003.sst".into(), size: 1, crc32: 0 }];
+    match reader.get_shard(1, 0, &missing) {
+        Err(CheckpointError::Corrupt { what, .. }) => {
+            assert_eq!(what, "s3://bucket/api/chk-0000000001/shard-0/000003.sst")
+        }
+        other => panic!("a missing shard file must be Corrupt, got {other:?}"),
+    }
+
+    // Deletion takes the manifest and every object of the checkpoint.
+    store.put_manifest(2, b"another").unwrap();
+    assert_eq!(store.list().unwrap(), [1, 2]);
+    store.delete(1).unwrap();
+    assert_eq!(store.list().unwrap(), [2]);
+    assert_eq!(store.get_manifest(1).unwrap(), None);
+    assert_eq!(moto.keys("bucket", "api/"), ["api/chk-0000000002/MANIFEST"]);
+    store.delete(2).unwrap();
+    store.delete(2).unwrap();
+    assert!(moto.keys("bucket", "api/").is_empty());
+
+    // A missing bucket is an error naming it, not a panic.
+    let err = S3Store::open("s3://no-such-bucket/x").unwrap().list().unwrap_err();
+    assert!(err.to_string().contains("s3://no-such-bucket/x"), "{err}");
+    assert!(matches!(err, CheckpointError::ObjectStore { .. }), "{err:?}");
+
+    drop((store, reader));
+}
+
+/// The data rows of the committed part files of `dir`, in name order, less
+/// each file's header line.
+fn data_rows(dir: &Path) -> (Vec<u8>, usize) {
+    let mut parts: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            name.starts_with("part-") && name.ends_with(".csv")
+        })
+        .collect();
+    parts.sort();
+    let mut rows = Vec::new();
+    for part in &parts {
+        let bytes = std::fs::read(part).unwrap();
+        let body = match bytes.iter().position(|&b| b == b'\n') {
+            Some(i) => &bytes[i + 1..],
+            None => &[][..],
+        };
+        rows.extend_from_slice(body);
+    }
+    (rows, parts.len())
+}
+
+/// The job's events.
+const EVENTS: &str = "20000000";
+
+fn nexmark(checkpoints: &str, out: &Path, recover: bool) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_highwater"));
+    command.args(["--log", "highwater=info", "nexmark", "-q", "q5", "--events", EVENTS]);
+    command.args(["--checkpoint-dir", checkpoints]);
+    command.args(["--checkpoint-interval", "200ms", "--output-dir", out.to_str().unwrap()]);
+    if recover {
+        command.arg("--recover");
+    }
+    command.args(["--", "-w", "2"]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    command
+}
+
+fn stderr_of(child: Child) -> (std::process::ExitStatus, String) {
+    let out = child.wait_with_output().unwrap();
+    (out.status, strip_ansi(&String::from_utf8_lossy(&out.stderr)))
+}
+
+/// The text without terminal colour sequences (`ESC [ … m`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The id of the checkpoint a run recovered from, from its log.
+fn recovered_from(stderr: &str) -> Option<u64> {
+    let line = stderr.lines().find(|l| l.contains("recovering from checkpoint"))?;
+    line.split_whitespace().find_map(|w| w.strip_prefix("id=")).and_then(|id| id.parse().ok())
+}
+
+/// The greatest id of a checkpoint with a manifest under `job/` in S3.
+fn newest_manifest(moto: &Moto) -> Option<u64> {
+    moto.keys("bucket", "job/")
+        .iter()
+        .filter_map(|k| k.strip_prefix("job/chk-")?.strip_suffix("/MANIFEST")?.parse().ok())
+        .max()
+}
+
+#[test]
+fn nexmark_recovers_from_s3_checkpoints_after_kills() {
+    let _serial = serial();
+    let tmp = TempDir::new("kills");
+
+    // The reference: one uninterrupted run with local checkpoints.
+    let local_out = tmp.0.join("local-out");
+    let local_checkpoints = tmp.0.join("local-checkpoints");
+    let started = Instant::now();
+    let (status, stderr) = stderr_of(nexmark(local_checkpoints.to_str().unwrap(), &local_out, false).spawn().unwrap());
+    assert!(status.success(), "the uninterrupted run failed: {stderr}");
+    let reference_time = started.elapsed();
+    let (want, reference_parts) = data_rows(&local_out);
+    assert!(!want.is_empty(), "the uninterrupted run wrote no rows");
+    eprintln!("uninterrupted run: {reference_time:?}, {reference_parts} parts, {} bytes of rows", want.len());
+
+    let moto = Moto::start(&tmp.0);
+    moto.create_bucket("bucket");
+    let out = tmp.0.join("s3-out");
+    // The runs' staging directories (left behind by the killed ones) go into
+    // the test's directory.
+    let child_tmp = tmp.0.join("tmp");
+    std::fs::create_dir_all(&child_tmp).unwrap();
+    let run = |kill_at: Option<&str>| {
+        let mut command = nexmark("s3://bucket/job", &out, true);
+        command.env("TMPDIR", &child_tmp);
+        command.env_remove("AWS_ENDPOINT_URL_S3").env_remove("AWS_SESSION_TOKEN").env_remove("AWS_DEFAULT_REGION");
+        command.env_remove("HIGHWATER_KILL_AT");
+        command.envs(moto.env());
+        if let Some(point) = kill_at {
+            command.env("HIGHWATER_KILL_AT", point);
+        }
+        command.spawn().unwrap()
+    };
+
+    // Three SIGKILLs from outside, 0.5 to 1 s after each run has committed a
+    // checkpoint of its own to S3 (so that each restart recovers from a newer
+    // one), wherever the run then is: possibly in the middle of writing the
+    // next checkpoint. Between them, kills from inside at the S3 store's
+    // kill points: part of a shard uploaded, and all shards but no manifest;
+    // the restart must pass over that incomplete checkpoint.
+    let mut recovered = None::<u64>;
+    let steps: [(&str, Option<&str>, u64); 5] = [
+        ("SIGKILL", None, 500),
+        ("inside, after the 3rd shard file upload", Some("shard-write:3"), 0),
+        ("SIGKILL", None, 750),
+        ("inside, before the 1st manifest upload", Some("manifest-write:1"), 0),
+        ("SIGKILL", None, 1000),
+    ];
+    for (n, (how, kill_at, after_ms)) in steps.into_iter().enumerate() {
+        let started = Instant::now();
+        let seen_before = newest_manifest(&moto);
+        let mut child = run(kill_at);
+        let (status, stderr) = if kill_at.is_some() {
+            stderr_of(child)
+        } else {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while newest_manifest(&moto) <= seen_before {
+                if child.try_wait().unwrap().is_some() {
+                    panic!("run {} ended before committing a checkpoint: {:?}", n + 1, stderr_of(child));
+                }
+                assert!(Instant::now() < deadline, "run {} committed no checkpoint within 60 s", n + 1);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            std::thread::sleep(Duration::from_millis(after_ms));
+            let finished = child.try_wait().unwrap();
+            assert!(finished.is_none(), "run {} ended before it was killed: {:?}", n + 1, stderr_of(child));
+            child.kill().unwrap(); // SIGKILL
+            stderr_of(child)
+        };
+        assert!(!status.success(), "run {} was not killed: {stderr}", n + 1);
+        eprintln!("run {} killed ({how}) after {:?}; its log:\n{stderr}", n + 1, started.elapsed());
+        let from = recovered_from(&stderr);
+        if n > 0 {
+            let from = from.unwrap_or_else(|| panic!("run {} did not recover: {stderr}", n + 1));
+            assert!(Some(from) >= recovered, "run {} recovered from an older checkpoint than before", n + 1);
+            recovered = Some(from);
+        }
+        if kill_at.is_some() {
+            // Killed within its first checkpoint: the next one's shard files
+            // (some or all) are in S3, its manifest is not.
+            let next = format!("job/chk-{:010}/", recovered.unwrap() + 1);
+            let keys = moto.keys("bucket", &next);
+            assert!(keys.iter().any(|k| k.contains("/shard-")), "run {}: no shard file under {next}", n + 1);
+            assert!(!keys.iter().any(|k| k.ends_with("/MANIFEST")), "run {}: a manifest under {next}", n + 1);
+            assert_eq!(newest_manifest(&moto), seen_before, "run {} committed a checkpoint", n + 1);
+        }
+    }
+    let started = Instant::now();
+    let (status, stderr) = stderr_of(run(None));
+    assert!(status.success(), "the last run failed: {stderr}\nmoto_server: {}", moto.log());
+    eprintln!("last run: {:?}; its log:\n{stderr}", started.elapsed());
+    let from = recovered_from(&stderr).unwrap_or_else(|| panic!("the last run did not recover from S3: {stderr}"));
+    assert!(Some(from) > recovered, "the killed runs after the last kill point committed nothing");
+
+    let keys = moto.keys("bucket", "job/");
+    assert!(keys.iter().any(|k| k.contains("/shard-")), "no shard in S3: {keys:?}");
+    let (got, parts) = data_rows(&out);
+    eprintln!("after 5 kills: {parts} parts, {} bytes of rows, {} objects in S3", got.len(), keys.len());
+    assert!(got == want, "the rows after recoveries differ from the uninterrupted run's");
+
+    // The final checkpoint is in S3: recovering again has nothing to do.
+    let (status, stderr) = stderr_of(run(None));
+    assert!(status.success(), "recovering a completed job failed: {stderr}");
+    assert!(stderr.contains("the job has completed"), "a completed job recovered from S3 should say so: {stderr}");
+    assert_eq!(data_rows(&out).0, want);
+}

@@ -35,6 +35,10 @@ use highwater::dead_letter::DeadLetter;
 use highwater::prelude::*;
 use highwater::source::{Offset, PartitionReader, ReadStatus, SourceError};
 
+// The allocator of the `highwater` binary.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Partitions of the state job's source.
 const PARTITIONS: usize = 4;
 /// The window of the state job (one hour).
@@ -201,6 +205,7 @@ impl PartitionReader for KeysReader {
 fn state_job(keys: u64, dir: &Path, finish: bool) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter("info,highwater::checkpoint=debug")
+        .with_ansi(false)
         .with_writer(std::io::stderr)
         .try_init();
     let mut config = CheckpointConfig::new(dir.display().to_string());

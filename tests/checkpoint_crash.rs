@@ -394,3 +394,32 @@ fn shard_file(checkpoint: &Path, suffix: &str) -> PathBuf {
         .find(|p| p.to_string_lossy().ends_with(suffix))
         .unwrap_or_else(|| panic!("no {suffix} file in {}", shard.display()))
 }
+
+#[test]
+fn jobs_that_cannot_be_checkpointed_or_restored_are_refused_at_start() {
+    let scratch = Scratch::new("refused");
+    let run = |args: &[&str]| {
+        let started = Instant::now();
+        let out = Command::new(BIN).args(args).stdin(Stdio::null()).output().unwrap();
+        assert!(started.elapsed() < Duration::from_secs(30), "{args:?} took {:?}", started.elapsed());
+        assert!(!out.status.success(), "{args:?} should fail");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let dir = scratch.0.join("checkpoints").display().to_string();
+    // q12 counts in processing-time global windows: not checkpointable.
+    let err = run(&["nexmark", "-q", "q12", "--events", "100000", "--checkpoint-dir", &dir, "--discard"]);
+    assert!(err.contains("cannot be checkpointed") && err.contains("ProcessingTimeCounts"), "{err}");
+    // stdin cannot be rewound.
+    let err = run(&["nexmark", "-q", "q5", "--input", "-", "--checkpoint-dir", &dir, "--discard"]);
+    assert!(err.contains("stdin cannot be rewound"), "{err}");
+    // A checkpoint of q5 does not restore q7.
+    let job = Job::new("q5", &Input::Generator(6_000_000), &scratch.0, "q5");
+    killed_at("sink-commit:2", &job, 2);
+    let checkpoints = job.checkpoints.display().to_string();
+    let err =
+        run(&["nexmark", "-q", "q7", "--events", "100000", "--checkpoint-dir", &checkpoints, "--recover", "--discard"]);
+    assert!(err.contains("different dataflow"), "{err}");
+    // Nor does starting without --recover reuse it.
+    let err = run(&["nexmark", "-q", "q5", "--events", "100000", "--checkpoint-dir", &checkpoints, "--discard"]);
+    assert!(err.contains("already holds checkpoints"), "{err}");
+}

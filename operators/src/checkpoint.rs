@@ -86,6 +86,9 @@ pub trait StateStore {
     /// worker (its gates open only then: an update let through on one worker
     /// may be exchanged to another whose instance has not yet taken its snapshot).
     fn submitted_everywhere(&self, operator: &str, cut: CheckpointId) -> bool;
+    /// Calls `wake` whenever a cut is begun or abandoned (to schedule an
+    /// operator whose frontier may already be at the cut's time).
+    fn on_cut(&self, wake: Box<dyn Fn() + Send + Sync>);
 }
 
 thread_local! {
@@ -159,10 +162,14 @@ impl Checkpointer {
         gate(stream, Rc::clone(&self.store), Rc::clone(&self.shared))
     }
 
-    /// Registers the operator under `name` at `address`.
-    pub(crate) fn register(&mut self, name: &str, address: &[usize]) {
+    /// Registers the operator under `name` at `address` in `scope`.
+    pub(crate) fn register(&mut self, name: &str, address: &[usize], scope: &timely::dataflow::Scope<'_, Timestamp>) {
         self.name = format!("{name}@{address:?}");
         self.store.register(&self.name);
+        let activator = scope.worker().sync_activator_for(address.to_vec());
+        self.store.on_cut(Box::new(move || {
+            let _ = activator.activate();
+        }));
         *self.shared.name.borrow_mut() = self.name.clone();
     }
 
@@ -209,8 +216,13 @@ fn gate<'scope, D: Data>(
     let mut input = builder.new_input(stream.inner.clone(), Pipeline);
     let (out, gated) = builder.new_output();
     let mut out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<D>>>>::from(out);
-    let activator = scope.activator_for(builder.operator_info().address);
-    shared.gates.borrow_mut().push(scope.activator_for(builder.operator_info().address));
+    let address = builder.operator_info().address;
+    let activator = scope.activator_for(std::rc::Rc::clone(&address));
+    shared.gates.borrow_mut().push(scope.activator_for(std::rc::Rc::clone(&address)));
+    let waker = scope.worker().sync_activator_for(address.to_vec());
+    store.on_cut(Box::new(move || {
+        let _ = waker.activate();
+    }));
 
     builder.build(move |mut capabilities| {
         let mut cap = capabilities.pop();

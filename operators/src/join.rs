@@ -305,9 +305,10 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
             Some(c) => (c.gate(self), c.gate(other)),
             None => (self.clone(), other.clone()),
         };
-        let mut builder = OperatorBuilder::new(name.to_owned(), self.scope());
+        let scope = self.scope();
+        let mut builder = OperatorBuilder::new(name.to_owned(), scope);
         if let Some(c) = checkpointer.as_mut() {
-            c.register(name, &builder.operator_info().address);
+            c.register(name, &builder.operator_info().address, &scope);
         }
         let mut input_left = builder.new_input(left_in.inner, pact_left);
         let mut input_right = builder.new_input(right_in.inner, pact_right);
@@ -329,6 +330,9 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
             let mut right_due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
             // Recovery: the records each side holds, and when they are due for release.
             if let Some((_, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
+                // Sized at once: entries come in the old maps' hash order.
+                lefts.reserve(entries.len());
+                rights.reserve(entries.len());
                 for (_, bytes) in entries {
                     match decode::<Sided<K, Held<Left<L>>, Held<(R, Timestamp, Diff)>>>(&bytes) {
                         Sided::Left(k, held) => {

@@ -92,8 +92,20 @@ struct Inner {
     /// One more than the id of the latest cut begun (0: none), for cheap checks.
     latest: AtomicU64,
     jobs: Mutex<Option<mpsc::Sender<Collecting>>>,
+    /// Schedule the checkpointed operators and gates of every worker.
+    wakers: Wakers,
     threads: Mutex<Vec<JoinHandle<()>>>,
     stop: AtomicBool,
+}
+
+/// Callbacks that schedule operators, called when cuts begin or are abandoned.
+#[derive(Default)]
+struct Wakers(Mutex<Vec<Box<dyn Fn() + Send + Sync>>>);
+
+impl std::fmt::Debug for Wakers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Wakers")
+    }
 }
 
 /// The checkpointing of one job in this process; clones share it.
@@ -115,13 +127,22 @@ fn now_ms() -> u64 {
 pub fn latest_usable(store: &dyn CheckpointStore) -> Result<Option<(Manifest, Vec<String>)>, CheckpointError> {
     let ids = store.list()?;
     let mut rejected = Vec::new();
+    let checking = Instant::now();
     for &id in ids.iter().rev() {
         if store.get_manifest(id)?.is_none() {
             // Never completed: it does not exist (and is not damage).
             continue;
         }
         match check(store, id) {
-            Ok(manifest) => return Ok(Some((manifest, rejected))),
+            // Not damage: a store that cannot be read now must not make the
+            // job fall back to an older checkpoint.
+            Err(
+                e @ (CheckpointError::Io { .. } | CheckpointError::Config(_) | CheckpointError::ObjectStore { .. }),
+            ) => return Err(e),
+            Ok(manifest) => {
+                tracing::debug!(id, elapsed = ?checking.elapsed(), "checkpoint verified");
+                return Ok(Some((manifest, rejected)));
+            }
             Err(e) => rejected.push(format!("checkpoint {id}: {e}")),
         }
     }
@@ -170,7 +191,10 @@ impl Checkpoints {
                     tracing::warn!("skipping a damaged checkpoint: {reason}");
                 }
                 tracing::info!(id = manifest.id, time = manifest.time, "recovering from checkpoint");
+                let loading = Instant::now();
                 let entries = load_entries(&*store, &manifest, workers)?;
+                let count: usize = entries.values().map(Vec::len).sum();
+                tracing::info!(entries = count, elapsed = ?loading.elapsed(), "checkpoint state loaded");
                 next_id = manifest.id + 1;
                 restored = Some(Restored { manifest, entries: Mutex::new(entries) });
             } else {
@@ -184,12 +208,15 @@ impl Checkpoints {
         }
         let _ = std::fs::remove_dir_all(store.staging());
         let (tx, rx) = mpsc::channel::<Collecting>();
+        let restored_time = restored.as_ref().map_or(0, |r: &Restored| r.manifest.time);
         let inner = Arc::new(Inner {
             config,
             store,
             workers,
             restored,
-            state: Mutex::new(State { next_id, ..State::default() }),
+            // Cuts lie above the restored time, where the sources resume.
+            state: Mutex::new(State { next_id, max_published: restored_time, ..State::default() }),
+            wakers: Wakers::default(),
             latest: AtomicU64::new(0),
             jobs: Mutex::new(Some(tx)),
             threads: Mutex::new(Vec::new()),
@@ -202,9 +229,14 @@ impl Checkpoints {
                 .spawn(move || {
                     for job in rx {
                         let id = job.cut.id;
+                        // After a failure no later checkpoint may be committed: its
+                        // sinks' parts would follow a gap.
+                        if lock(&inner.state).error.is_some() {
+                            continue;
+                        }
                         let result = write_checkpoint(&inner, job);
                         let mut state = lock(&inner.state);
-                        state.in_flight -= 1;
+                        state.in_flight = state.in_flight.saturating_sub(1);
                         match result {
                             Ok(manifest) => {
                                 state.written.push(id);
@@ -212,7 +244,7 @@ impl Checkpoints {
                             }
                             Err(e) => {
                                 tracing::error!("checkpoint {id} failed: {e}");
-                                state.error.get_or_insert_with(|| format!("checkpoint {id}: {e}"));
+                                fail(&inner, &mut state, format!("checkpoint {id}: {e}"));
                             }
                         }
                     }
@@ -288,22 +320,44 @@ impl Checkpoints {
     /// taken by the same dataflow. Checkpoints begin once every worker is built.
     pub fn built(&self, worker: usize) -> Result<(), CheckpointError> {
         let mut state = lock(&self.0.state);
-        if !state.unsupported.is_empty() {
-            let names: Vec<_> = state.unsupported.iter().cloned().collect();
-            return Err(CheckpointError::Unsupported(names.join(", ")));
-        }
-        let fingerprint = fingerprint(&state, worker);
-        if let Some(restored) = &self.0.restored {
-            if restored.manifest.fingerprint != fingerprint {
-                return Err(CheckpointError::Fingerprint {
-                    id: restored.manifest.id,
-                    found: restored.manifest.fingerprint.clone(),
+        let unsupported: Vec<_> = state.unsupported.iter().cloned().collect();
+        let error = if !unsupported.is_empty() {
+            Some(CheckpointError::Unsupported(unsupported.join(", ")))
+        } else {
+            let fingerprint = fingerprint(&state, worker);
+            self.0.restored.as_ref().filter(|r| r.manifest.fingerprint != fingerprint).map(|r| {
+                CheckpointError::Fingerprint {
+                    id: r.manifest.id,
+                    found: r.manifest.fingerprint.clone(),
                     expected: fingerprint,
-                });
-            }
+                }
+            })
+        };
+        if let Some(e) = error {
+            // The job cannot be checkpointed: its sources and gates let go so
+            // that it ends instead of waiting for checkpoints.
+            fail(&self.0, &mut state, e.to_string());
+            return Err(e);
         }
         state.built.insert(worker);
         Ok(())
+    }
+
+    /// Checks a dataflow recorded by [`probe`] before the workers start: every
+    /// stateful operator can be checkpointed, and a restored checkpoint was
+    /// taken by the same dataflow.
+    pub fn check_dataflow(&self, probe: &DataflowProbe) -> Result<(), CheckpointError> {
+        let unsupported = probe.unsupported.borrow();
+        if !unsupported.is_empty() {
+            return Err(CheckpointError::Unsupported(unsupported.join(", ")));
+        }
+        let fingerprint = fingerprint_of(probe.operators.borrow().iter().map(String::as_str));
+        match self.restored() {
+            Some(m) if m.fingerprint != fingerprint => {
+                Err(CheckpointError::Fingerprint { id: m.id, found: m.fingerprint.clone(), expected: fingerprint })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Registers a source (by name) read on `worker`.
@@ -328,16 +382,21 @@ impl Checkpoints {
     pub fn source_finished(&self, source: &str, worker: usize) {
         let mut state = lock(&self.0.state);
         state.finished.insert((source.to_owned(), worker));
-        if state.finished.len() == state.sources.len() && !state.final_announced && state.built.len() == self.0.workers
+        if state.finished.len() == state.sources.len()
+            && !state.final_announced
+            && state.built.len() == self.0.workers
+            && state.error.is_none()
         {
             state.final_announced = true;
             announce(&self.0, &mut state, END_OF_TIME);
         }
     }
 
-    /// Whether the final checkpoint has begun (every source is exhausted).
+    /// Whether the final checkpoint has begun (every source is exhausted), or
+    /// checkpointing has failed: either way sources that have ended may let go.
     pub fn final_begun(&self) -> bool {
-        lock(&self.0.state).final_announced
+        let state = lock(&self.0.state);
+        state.final_announced || state.error.is_some()
     }
 
     /// The oldest cut after `done` not yet collected everywhere.
@@ -429,6 +488,24 @@ impl Checkpoints {
     }
 }
 
+/// Stops checkpointing after `error`: abandons the cuts begun (gates open,
+/// operators stop taking snapshots) and wakes everyone; [`Checkpoints::finish`]
+/// reports the error.
+fn fail(inner: &Inner, state: &mut State, error: String) {
+    state.error.get_or_insert(error);
+    state.announced.clear();
+    state.collecting.clear();
+    state.in_flight = 0;
+    wake(inner);
+}
+
+/// Schedules every checkpointed operator and gate.
+fn wake(inner: &Inner) {
+    for waker in inner.wakers.0.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        waker();
+    }
+}
+
 /// Begins the cut `(next id, time)`.
 fn announce(inner: &Inner, state: &mut State, time: Timestamp) {
     let id = state.next_id;
@@ -449,16 +526,65 @@ fn announce(inner: &Inner, state: &mut State, time: Timestamp) {
     state.in_flight += 1;
     inner.latest.store(id + 1, Ordering::Release);
     tracing::debug!(id, time, "checkpoint begun");
+    wake(inner);
 }
 
-/// The dataflow's fingerprint: its checkpointed operators, sources and sinks.
+/// The dataflow's fingerprint: its checkpointed operators on `worker`.
 fn fingerprint(state: &State, worker: usize) -> String {
-    let mut names: Vec<&str> =
-        state.operators.iter().filter(|(w, _)| *w == worker).map(|(_, name)| name.as_str()).collect();
-    let sources: BTreeSet<&str> = state.sources.iter().map(|(s, _)| s.as_str()).collect();
-    names.extend(sources);
+    fingerprint_of(state.operators.iter().filter(|(w, _)| *w == worker).map(|(_, name)| name.as_str()))
+}
+
+/// The fingerprint of a dataflow with checkpointed operators `names`
+/// (name and address in the dataflow).
+fn fingerprint_of<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let mut names: Vec<&str> = names.collect();
+    names.sort_unstable();
     let text = names.join("\n");
     format!("{:08x}-{}", crc32fast::hash(text.as_bytes()), names.len())
+}
+
+/// What a dataflow declares when built under [`probe`]: its checkpointed
+/// operators and the stateful ones that cannot be checkpointed.
+#[derive(Debug, Default)]
+pub struct DataflowProbe {
+    operators: std::cell::RefCell<Vec<String>>,
+    unsupported: std::cell::RefCell<Vec<String>>,
+}
+
+impl StateStore for DataflowProbe {
+    fn cut_after(&self, _done: Option<CheckpointId>) -> Option<Cut> {
+        None
+    }
+    fn register(&self, operator: &str) {
+        self.operators.borrow_mut().push(operator.to_owned());
+    }
+    fn unsupported(&self, operator: &str) {
+        self.unsupported.borrow_mut().push(operator.to_owned());
+    }
+    fn restored(&self, _operator: &str) -> Option<Vec<Entry>> {
+        None
+    }
+    fn restored_time(&self) -> Option<Timestamp> {
+        None
+    }
+    fn submit(&self, _operator: &str, _cut: Cut, _entries: Vec<Entry>, _pause: Duration) {}
+    fn submitted_everywhere(&self, _operator: &str, _cut: CheckpointId) -> bool {
+        true
+    }
+    fn on_cut(&self, _wake: Box<dyn Fn() + Send + Sync>) {}
+}
+
+/// Runs `build`, which builds (and runs to its end, so give it no input) the
+/// job's dataflow on this thread, e.g. in `timely::execute_directly`, and
+/// records what its operators declare: for [`Checkpoints::check_dataflow`]
+/// before the workers start.
+pub fn probe<R>(build: impl FnOnce() -> R) -> (DataflowProbe, R) {
+    let probe = std::rc::Rc::new(DataflowProbe::default());
+    crate::operators::checkpoint::install(Some(probe.clone()));
+    let result = build();
+    crate::operators::checkpoint::install(None);
+    let probe = std::rc::Rc::try_unwrap(probe).unwrap_or_default();
+    (probe, result)
 }
 
 /// Reads every shard of `manifest` and spreads the entries over `workers`
@@ -468,18 +594,35 @@ fn load_entries(
     manifest: &Manifest,
     workers: usize,
 ) -> Result<HashMap<(usize, String), Vec<Entry>>, CheckpointError> {
+    // One thread per shard.
+    let shards: Vec<Result<HashMap<(usize, String), Vec<Entry>>, CheckpointError>> = std::thread::scope(|scope| {
+        let readers: Vec<_> = manifest
+            .shards
+            .iter()
+            .map(|shard_info| {
+                scope.spawn(move || {
+                    let mut out: HashMap<(usize, String), Vec<Entry>> = HashMap::new();
+                    let dir = store.get_shard(manifest.id, shard_info.worker, &shard_info.files)?;
+                    shard::read(&dir, |operator, entries| {
+                        let mut split: Vec<Vec<Entry>> = (0..workers).map(|_| Vec::new()).collect();
+                        for entry in entries {
+                            split[(entry.0 % workers as u64) as usize].push(entry);
+                        }
+                        for (w, entries) in split.into_iter().enumerate() {
+                            out.entry((w, operator.to_owned())).or_default().extend(entries);
+                        }
+                    })?;
+                    Ok(out)
+                })
+            })
+            .collect();
+        readers.into_iter().map(|r| r.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+    });
     let mut out: HashMap<(usize, String), Vec<Entry>> = HashMap::new();
-    for shard_info in &manifest.shards {
-        let dir = store.get_shard(manifest.id, shard_info.worker, &shard_info.files)?;
-        shard::read(&dir, |operator, entries| {
-            for w in 0..workers {
-                out.entry((w, operator.to_owned())).or_default();
-            }
-            for entry in entries {
-                let w = (entry.0 % workers as u64) as usize;
-                out.get_mut(&(w, operator.to_owned())).expect("created above").push(entry);
-            }
-        })?;
+    for shard in shards {
+        for (key, entries) in shard? {
+            out.entry(key).or_default().extend(entries);
+        }
     }
     Ok(out)
 }
@@ -604,6 +747,10 @@ impl StateStore for WorkerStore {
 
     fn restored_time(&self) -> Option<Timestamp> {
         self.checkpoints.restored_time()
+    }
+
+    fn on_cut(&self, wake: Box<dyn Fn() + Send + Sync>) {
+        self.checkpoints.0.wakers.0.lock().unwrap_or_else(|p| p.into_inner()).push(wake);
     }
 
     fn submitted_everywhere(&self, operator: &str, cut: CheckpointId) -> bool {

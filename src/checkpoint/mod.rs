@@ -42,7 +42,9 @@ pub mod store;
 
 use std::time::Duration;
 
-pub use coordinator::{check, latest_usable, Attached, Checkpoints, SinkCommitter, SinkSubmission, WorkerStore};
+pub use coordinator::{
+    check, latest_usable, probe, Attached, Checkpoints, DataflowProbe, SinkCommitter, SinkSubmission, WorkerStore,
+};
 pub use manifest::{FileInfo, Manifest, PartitionState, ShardInfo, SinkPart, FORMAT_VERSION};
 pub use store::{open_store, CheckpointStore, LocalStore};
 

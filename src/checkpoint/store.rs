@@ -184,7 +184,9 @@ impl CheckpointStore for LocalStore {
         file.write_all(&bytes[half..]).and_then(|_| file.sync_all()).map_err(io(tmp.display().to_string()))?;
         drop(file);
         std::fs::rename(&tmp, &path).map_err(io(path.display().to_string()))?;
-        sync_dir(&dir)
+        sync_dir(&dir)?;
+        // The checkpoint's directory itself, in the store's.
+        sync_dir(&self.dir)
     }
 
     fn get_manifest(&self, id: CheckpointId) -> Result<Option<Vec<u8>>, CheckpointError> {

@@ -24,7 +24,7 @@ use crate::sink::{
     write, write_json_lines, write_lines, write_parts, write_postgres, LineTarget, PartFiles, Placement,
     PostgresCommitter, PostgresSinkConfig, Sink, SinkError, SinkHandle, SinkMode,
 };
-use crate::source::{read, JsonLines, SourceOptions, SourceStreams};
+use crate::source::{read, JsonLines, MemorySource, SourceMetrics, SourceOptions, SourceStreams};
 use crate::time::{Millis, WatermarkStrategy};
 
 /// Arguments of `highwater nexmark`.
@@ -320,17 +320,15 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
                 let committer = Arc::new(PartFiles::new(dir.clone()));
                 checkpoints.register_sink("Output", 0, committer).context("--output-dir")?;
             }
-            if let Some(m) = checkpoints.restored().filter(|m| m.is_final()) {
-                eprintln!("checkpoint {} is the final one: the job has completed, nothing to do", m.id);
-                checkpoints.finish()?;
-                return Ok(());
-            }
             Some(checkpoints)
         }
         None => None,
     };
     let input = if !args.input.is_empty() {
         let source = if args.input.len() == 1 && args.input[0].as_os_str() == "-" {
+            if checkpoints.is_some() {
+                bail!("--checkpoint-dir: stdin cannot be rewound; give the events as files (--input FILE...)");
+            }
             JsonLines::stdin(NexmarkDecoder)
         } else {
             JsonLines::files(&args.input, NexmarkDecoder).context("opening the input")?
@@ -353,6 +351,34 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     let input = Arc::new(input);
     let side_input = args.side_input.as_ref().map(read_side_input).transpose()?.map(Arc::new);
     let query_options = QueryOptions { allowed_lateness: args.allowed_lateness.0, side_input, blackhole: args.discard };
+    if let Some(ck) = checkpoints.as_ref() {
+        // Before the workers start: the query's dataflow, built once on no
+        // input, must be checkpointable and the one a restored checkpoint
+        // was taken by.
+        let (query, options, source_only) = (args.query, query_options.clone(), args.source_only);
+        let (probe, ()) = crate::checkpoint::probe(|| {
+            timely::execute_directly(move |worker| {
+                worker.dataflow::<Timestamp, _, _>(|scope| {
+                    let nothing = Arc::new(MemorySource::<Event>::new(Vec::new()));
+                    let metrics = SourceMetrics::default();
+                    if let Ok(streams) = read(scope, nothing, Event::time, SourceOptions::default(), &metrics, None) {
+                        if !source_only {
+                            build(query, &streams.events, &options);
+                        }
+                    }
+                })
+            })
+        });
+        ck.check_dataflow(&probe).with_context(|| format!("query {query} with --checkpoint-dir"))?;
+        if let Some(m) = ck.restored().filter(|m| m.is_final()) {
+            eprintln!("checkpoint {} is the final one: the job has completed, nothing to do", m.id);
+            ck.finish()?;
+            return Ok(());
+        }
+        if args.output_dir.is_none() && args.output_postgres.is_none() && !args.discard {
+            tracing::warn!("--checkpoint-dir without --output-dir or --output-postgres: rows written since the last checkpoint are written again after a recovery");
+        }
+    }
     let source_options = SourceOptions {
         name: "Nexmark".into(),
         watermark: WatermarkStrategy::bounded(args.watermark_delay.0),

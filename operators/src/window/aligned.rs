@@ -126,17 +126,24 @@ where
         initial: &[timely::dataflow::operators::Capability<Timestamp>],
     ) {
         self.fired_upto = time;
+        // Grouped by window end first, so that each bucket's map is sized at
+        // once: entries come in the order of the old map's hashes, and
+        // inserting them so into a growing map of the same hasher clusters.
+        let mut by_end: BTreeMap<Timestamp, Vec<(Timestamp, K, Slot<Acc, O>)>> = BTreeMap::new();
         for (_, bytes) in entries {
             let (end, start, key, slot): (Timestamp, Timestamp, K, Slot<Acc, O>) = decode(&bytes);
-            let bucket = self
-                .buckets
-                .entry(end)
-                .or_insert_with(|| Bucket { emit_at: Timestamp::MAX, slots: StateMap::default() });
+            by_end.entry(end).or_default().push((start, key, slot));
+        }
+        for (end, slots) in by_end {
+            let bucket = self.buckets.entry(end).or_insert_with(|| Bucket {
+                emit_at: Timestamp::MAX,
+                slots: StateMap::with_capacity_and_hasher(slots.len(), Default::default()),
+            });
             if end > time && bucket.emit_at == Timestamp::MAX {
                 bucket.emit_at = end - 1;
                 hold.restore(end - 1, initial);
             }
-            bucket.slots.insert((start, key), slot);
+            bucket.slots.extend(slots.into_iter().map(|(start, key, slot)| ((start, key), slot)));
         }
     }
 }

@@ -152,9 +152,10 @@ where
         None
     };
     let stream = checkpointer.as_ref().map_or_else(|| stream.clone(), |c| c.gate(stream));
-    let mut builder = OperatorBuilder::new(name.to_owned(), stream.scope());
+    let scope = stream.scope();
+    let mut builder = OperatorBuilder::new(name.to_owned(), scope);
     if let Some(c) = checkpointer.as_mut() {
-        c.register(name, &builder.operator_info().address);
+        c.register(name, &builder.operator_info().address, &scope);
     }
     let input = builder.new_input(stream.inner.clone(), pact);
     let (results_out, results) = builder.new_output();

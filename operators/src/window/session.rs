@@ -129,6 +129,8 @@ where
         // Recovery: each key's sessions, its timer, and the results its open sessions owe.
         if let Some((time, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
             fired_upto = time;
+            // Sized at once: entries come in the old map's hash order (see the aligned windows).
+            keys.reserve(entries.len());
             for (_, bytes) in entries {
                 let (k, state): (K, KeyState<A::Acc, A::Output>) = decode(&bytes);
                 for session in state.sessions.iter().filter(|s| !s.fired) {

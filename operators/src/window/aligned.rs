@@ -38,6 +38,9 @@ struct Bucket<K, Acc, O> {
     slots: StateMap<(Timestamp, K), Slot<Acc, O>>,
 }
 
+/// A window's start, a key and its slot, as restored from a checkpoint.
+type StartKeySlot<K, Acc, O> = (Timestamp, K, Slot<Acc, O>);
+
 /// The operator's state: every window not yet released, by end.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 #[serde(bound(
@@ -129,7 +132,7 @@ where
         // Grouped by window end first, so that each bucket's map is sized at
         // once: entries come in the order of the old map's hashes, and
         // inserting them so into a growing map of the same hasher clusters.
-        let mut by_end: BTreeMap<Timestamp, Vec<(Timestamp, K, Slot<Acc, O>)>> = BTreeMap::new();
+        let mut by_end: BTreeMap<Timestamp, Vec<StartKeySlot<K, Acc, O>>> = BTreeMap::new();
         for (_, bytes) in entries {
             let (end, start, key, slot): (Timestamp, Timestamp, K, Slot<Acc, O>) = decode(&bytes);
             by_end.entry(end).or_default().push((start, key, slot));

@@ -74,12 +74,15 @@ struct State {
     error: Option<String>,
 }
 
+/// State entries by (worker, operator).
+type EntriesByWorker = HashMap<(usize, String), Vec<Entry>>;
+
 /// What a recovery restores.
 #[derive(Debug)]
 struct Restored {
     manifest: Manifest,
     /// Entries by (worker, operator), taken by the operators as they are built.
-    entries: Mutex<HashMap<(usize, String), Vec<Entry>>>,
+    entries: Mutex<EntriesByWorker>,
 }
 
 #[derive(Debug)]
@@ -593,15 +596,15 @@ fn load_entries(
     store: &dyn CheckpointStore,
     manifest: &Manifest,
     workers: usize,
-) -> Result<HashMap<(usize, String), Vec<Entry>>, CheckpointError> {
+) -> Result<EntriesByWorker, CheckpointError> {
     // One thread per shard.
-    let shards: Vec<Result<HashMap<(usize, String), Vec<Entry>>, CheckpointError>> = std::thread::scope(|scope| {
+    let shards: Vec<Result<EntriesByWorker, CheckpointError>> = std::thread::scope(|scope| {
         let readers: Vec<_> = manifest
             .shards
             .iter()
             .map(|shard_info| {
                 scope.spawn(move || {
-                    let mut out: HashMap<(usize, String), Vec<Entry>> = HashMap::new();
+                    let mut out: EntriesByWorker = HashMap::new();
                     let dir = store.get_shard(manifest.id, shard_info.worker, &shard_info.files)?;
                     shard::read(&dir, |operator, entries| {
                         let mut split: Vec<Vec<Entry>> = (0..workers).map(|_| Vec::new()).collect();
@@ -618,7 +621,7 @@ fn load_entries(
             .collect();
         readers.into_iter().map(|r| r.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
     });
-    let mut out: HashMap<(usize, String), Vec<Entry>> = HashMap::new();
+    let mut out: EntriesByWorker = HashMap::new();
     for shard in shards {
         for (key, entries) in shard? {
             out.entry(key).or_default().extend(entries);

@@ -41,6 +41,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Partitions of the state job's source.
 const PARTITIONS: usize = 4;
+/// Keys per millisecond of event time, per partition.
+const KEYS_PER_MS: u64 = 8;
 /// The window of the state job (one hour).
 const HOUR: u64 = 3_600_000;
 
@@ -126,7 +128,7 @@ fn throughput(events: u64, runs: usize) {
 }
 
 /// The state job's source: partition `p` sends keys `p, p + P, …` once each,
-/// one per millisecond of event time, then (with `finish`) the event at one
+/// eight per millisecond of event time, then (with `finish`) the event at one
 /// hour and five seconds that closes the window. Without `finish` it idles,
 /// its watermark moving on with the wall clock (a checkpoint completes when
 /// event time passes its cut) but staying inside the window.
@@ -173,7 +175,7 @@ impl PartitionReader for KeysReader {
         let mine = (self.keys - self.partition).div_ceil(PARTITIONS as u64);
         let mut taken = 0;
         while taken < max && self.next < mine {
-            out((self.partition + self.next * PARTITIONS as u64, self.next));
+            out((self.partition + self.next * PARTITIONS as u64, self.next / KEYS_PER_MS));
             self.next += 1;
             taken += 1;
         }
@@ -196,7 +198,7 @@ impl PartitionReader for KeysReader {
     fn watermark_hint(&self) -> Option<Timestamp> {
         let mine = (self.keys - self.partition).div_ceil(PARTITIONS as u64);
         (!self.finish && self.next >= mine)
-            .then(|| (mine + self.opened.elapsed().as_millis() as u64 * 10).min(HOUR - 1))
+            .then(|| (mine / KEYS_PER_MS + self.opened.elapsed().as_millis() as u64 * 10).min(HOUR - 1))
     }
 }
 

@@ -64,6 +64,60 @@ impl Cut {
 /// to the operator's exchange, see [`crate::key::route`]) and its bytes.
 pub type Entry = (u64, Vec<u8>);
 
+/// An operator's restored entries on one worker: read in place from the
+/// checkpoint's chunks (each a bincode list of [`Entry`]s, as written), keeping
+/// those whose routing hash falls on this worker, with no copy per entry.
+#[derive(Clone, Debug, Default)]
+pub struct Restored {
+    chunks: Vec<std::sync::Arc<Vec<u8>>>,
+    worker: u64,
+    workers: u64,
+}
+
+impl Restored {
+    /// The entries of `chunks` that fall on `worker` of `workers`.
+    pub fn new(chunks: Vec<std::sync::Arc<Vec<u8>>>, worker: usize, workers: usize) -> Self {
+        Restored { chunks, worker: worker as u64, workers: workers.max(1) as u64 }
+    }
+
+    /// Calls `each(routing hash, bytes)` for every entry of this worker.
+    ///
+    /// # Panics
+    /// If a chunk is not a list of entries (checkpoint files are checksummed).
+    pub fn for_each(&self, mut each: impl FnMut(u64, &[u8])) {
+        fn word(bytes: &[u8], at: &mut usize) -> u64 {
+            let w = u64::from_le_bytes(bytes[*at..*at + 8].try_into().expect("8 bytes"));
+            *at += 8;
+            w
+        }
+        for chunk in &self.chunks {
+            let bytes = chunk.as_slice();
+            let mut at = 0;
+            let count = word(bytes, &mut at);
+            for _ in 0..count {
+                let route = word(bytes, &mut at);
+                let len = word(bytes, &mut at) as usize;
+                if route % self.workers == self.worker {
+                    each(route, &bytes[at..at + len]);
+                }
+                at += len;
+            }
+        }
+    }
+
+    /// The number of entries of this worker.
+    pub fn len(&self) -> usize {
+        let mut n = 0;
+        self.for_each(|_, _| n += 1);
+        n
+    }
+
+    /// Whether this worker has no entry.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// What a worker's operators see of the checkpointing runtime.
 pub trait StateStore {
     /// The oldest begun checkpoint after `done` (or after the restored one,
@@ -76,7 +130,7 @@ pub trait StateStore {
     fn unsupported(&self, operator: &str);
     /// The entries restored for `operator` on this worker (those whose
     /// routing hash falls here), if the job was recovered.
-    fn restored(&self, operator: &str) -> Option<Vec<Entry>>;
+    fn restored(&self, operator: &str) -> Option<Restored>;
     /// The time of the checkpoint the job was recovered from.
     fn restored_time(&self) -> Option<Timestamp>;
     /// Hands over `operator`'s state as of `cut`; taking it paused the
@@ -174,7 +228,7 @@ impl Checkpointer {
     }
 
     /// The state restored for this worker, with the time it was taken at.
-    pub(crate) fn restored(&self) -> Option<(Timestamp, Vec<Entry>)> {
+    pub(crate) fn restored(&self) -> Option<(Timestamp, Restored)> {
         let time = self.store.restored_time()?;
         Some((time, self.store.restored(&self.name).unwrap_or_default()))
     }

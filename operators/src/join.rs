@@ -331,10 +331,11 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
             // Recovery: the records each side holds, and when they are due for release.
             if let Some((_, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
                 // Sized at once: entries come in the old maps' hash order.
-                lefts.reserve(entries.len());
-                rights.reserve(entries.len());
-                for (_, bytes) in entries {
-                    match decode::<Sided<K, Held<Left<L>>, Held<(R, Timestamp, Diff)>>>(&bytes) {
+                let n = entries.len();
+                lefts.reserve(n);
+                rights.reserve(n);
+                entries.for_each(|_, bytes| {
+                    match decode::<Sided<K, Held<Left<L>>, Held<(R, Timestamp, Diff)>>>(bytes) {
                         Sided::Left(k, held) => {
                             if held.scheduled != Timestamp::MAX {
                                 left_due.entry(held.scheduled).or_default().push(k.clone());
@@ -348,7 +349,7 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                             rights.insert(k, held);
                         }
                     }
-                }
+                });
             }
 
             move |frontiers| {

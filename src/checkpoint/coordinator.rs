@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::operators::checkpoint::{CheckpointId, Cut, Entry, StateStore};
+use crate::operators::checkpoint::{CheckpointId, Cut, Entry, Restored, StateStore};
 use crate::operators::{Timestamp, END_OF_TIME};
 
 use super::manifest::{Manifest, PartitionState, ShardInfo, SinkPart, FORMAT_VERSION};
@@ -74,15 +74,15 @@ struct State {
     error: Option<String>,
 }
 
-/// State entries by (worker, operator).
-type EntriesByWorker = HashMap<(usize, String), Vec<Entry>>;
+/// Chunks of state entries by operator.
+type EntriesByOperator = HashMap<String, Vec<Arc<Vec<u8>>>>;
 
 /// What a recovery restores.
 #[derive(Debug)]
-struct Restored {
+struct RestoredState {
     manifest: Manifest,
-    /// Entries by (worker, operator), taken by the operators as they are built.
-    entries: Mutex<EntriesByWorker>,
+    /// Chunks of entries by operator, read in place by every worker's instance.
+    entries: EntriesByOperator,
 }
 
 #[derive(Debug)]
@@ -90,7 +90,7 @@ struct Inner {
     config: CheckpointConfig,
     store: Arc<dyn CheckpointStore>,
     workers: usize,
-    restored: Option<Restored>,
+    restored: Option<RestoredState>,
     state: Mutex<State>,
     /// One more than the id of the latest cut begun (0: none), for cheap checks.
     latest: AtomicU64,
@@ -195,11 +195,11 @@ impl Checkpoints {
                 }
                 tracing::info!(id = manifest.id, time = manifest.time, "recovering from checkpoint");
                 let loading = Instant::now();
-                let entries = load_entries(&*store, &manifest, workers)?;
-                let count: usize = entries.values().map(Vec::len).sum();
+                let entries = load_entries(&*store, &manifest)?;
+                let count: u64 = entries.values().flatten().map(|c| shard::chunk_entries(c)).sum();
                 tracing::info!(entries = count, elapsed = ?loading.elapsed(), "checkpoint state loaded");
                 next_id = manifest.id + 1;
-                restored = Some(Restored { manifest, entries: Mutex::new(entries) });
+                restored = Some(RestoredState { manifest, entries });
             } else {
                 tracing::info!(location = %store.describe(), "no checkpoint to recover from: starting afresh");
             }
@@ -211,7 +211,7 @@ impl Checkpoints {
         }
         let _ = std::fs::remove_dir_all(store.staging());
         let (tx, rx) = mpsc::channel::<Collecting>();
-        let restored_time = restored.as_ref().map_or(0, |r: &Restored| r.manifest.time);
+        let restored_time = restored.as_ref().map_or(0, |r: &RestoredState| r.manifest.time);
         let inner = Arc::new(Inner {
             config,
             store,
@@ -564,7 +564,7 @@ impl StateStore for DataflowProbe {
     fn unsupported(&self, operator: &str) {
         self.unsupported.borrow_mut().push(operator.to_owned());
     }
-    fn restored(&self, _operator: &str) -> Option<Vec<Entry>> {
+    fn restored(&self, _operator: &str) -> Option<Restored> {
         None
     }
     fn restored_time(&self) -> Option<Timestamp> {
@@ -591,29 +591,20 @@ pub fn probe<R>(build: impl FnOnce() -> R) -> (DataflowProbe, R) {
 }
 
 /// Reads every shard of `manifest` and spreads the entries over `workers`
-/// workers by routing hash, as the operators' exchanges do.
-fn load_entries(
-    store: &dyn CheckpointStore,
-    manifest: &Manifest,
-    workers: usize,
-) -> Result<EntriesByWorker, CheckpointError> {
-    // One thread per shard.
-    let shards: Vec<Result<EntriesByWorker, CheckpointError>> = std::thread::scope(|scope| {
+/// Reads every shard of `manifest` (one thread each): every operator's chunks
+/// of entries, which each worker's operators read in place, keeping those
+/// whose routing hash falls on them (see [`Restored`]).
+fn load_entries(store: &dyn CheckpointStore, manifest: &Manifest) -> Result<EntriesByOperator, CheckpointError> {
+    let shards: Vec<Result<EntriesByOperator, CheckpointError>> = std::thread::scope(|scope| {
         let readers: Vec<_> = manifest
             .shards
             .iter()
             .map(|shard_info| {
                 scope.spawn(move || {
-                    let mut out: EntriesByWorker = HashMap::new();
+                    let mut out = EntriesByOperator::new();
                     let dir = store.get_shard(manifest.id, shard_info.worker, &shard_info.files)?;
-                    shard::read(&dir, |operator, entries| {
-                        let mut split: Vec<Vec<Entry>> = (0..workers).map(|_| Vec::new()).collect();
-                        for entry in entries {
-                            split[(entry.0 % workers as u64) as usize].push(entry);
-                        }
-                        for (w, entries) in split.into_iter().enumerate() {
-                            out.entry((w, operator.to_owned())).or_default().extend(entries);
-                        }
+                    shard::read(&dir, |operator, chunk| {
+                        out.entry(operator.to_owned()).or_default().push(Arc::new(chunk));
                     })?;
                     Ok(out)
                 })
@@ -621,10 +612,10 @@ fn load_entries(
             .collect();
         readers.into_iter().map(|r| r.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
     });
-    let mut out: EntriesByWorker = HashMap::new();
+    let mut out = EntriesByOperator::new();
     for shard in shards {
-        for (key, entries) in shard? {
-            out.entry(key).or_default().extend(entries);
+        for (operator, chunks) in shard? {
+            out.entry(operator).or_default().extend(chunks);
         }
     }
     Ok(out)
@@ -742,10 +733,10 @@ impl StateStore for WorkerStore {
         lock(&self.checkpoints.0.state).unsupported.insert(operator.to_owned());
     }
 
-    fn restored(&self, operator: &str) -> Option<Vec<Entry>> {
+    fn restored(&self, operator: &str) -> Option<Restored> {
         let restored = self.checkpoints.0.restored.as_ref()?;
-        let mut entries = restored.entries.lock().unwrap_or_else(|p| p.into_inner());
-        Some(entries.remove(&(self.worker, operator.to_owned())).unwrap_or_default())
+        let chunks = restored.entries.get(operator).cloned().unwrap_or_default();
+        Some(Restored::new(chunks, self.worker, self.checkpoints.0.workers))
     }
 
     fn restored_time(&self) -> Option<Timestamp> {

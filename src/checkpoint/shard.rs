@@ -66,22 +66,48 @@ pub fn write(path: &Path, operators: &[(String, Vec<Entry>)]) -> Result<u64, Che
     Ok(entries)
 }
 
-/// Reads every operator's entries from the RocksDB database at `path`,
-/// handing each chunk to `each(operator, entries)`.
-pub fn read(path: &Path, mut each: impl FnMut(&str, Vec<Entry>)) -> Result<(), CheckpointError> {
+/// Reads every operator's chunks from the RocksDB database at `path`,
+/// handing each to `each(operator, chunk)`: a bincode list of [`Entry`]s
+/// (see [`Restored`](crate::operators::checkpoint::Restored)), checked for
+/// framing here.
+pub fn read(path: &Path, mut each: impl FnMut(&str, Vec<u8>)) -> Result<(), CheckpointError> {
     let options = rocksdb::Options::default();
     let db = rocksdb::DB::open_for_read_only(&options, path, false).map_err(db_error(path))?;
     for item in db.iterator(rocksdb::IteratorMode::Start) {
         let (key, value) = item.map_err(db_error(path))?;
+        let corrupt = |reason: String| CheckpointError::Corrupt { what: path.display().to_string(), reason };
         let Some(split) = key.len().checked_sub(5).filter(|s| key[*s] == 0) else {
-            return Err(CheckpointError::Corrupt { what: path.display().to_string(), reason: "malformed key".into() });
+            return Err(corrupt("malformed key".into()));
         };
         let operator = String::from_utf8_lossy(&key[..split]).into_owned();
-        let entries: Vec<Entry> = bincode::deserialize(&value).map_err(|e| CheckpointError::Corrupt {
-            what: path.display().to_string(),
-            reason: format!("entries of {operator}: {e}"),
-        })?;
-        each(&operator, entries);
+        check_framing(&value).map_err(|reason| corrupt(format!("entries of {operator}: {reason}")))?;
+        each(&operator, value.into_vec());
     }
     Ok(())
+}
+
+/// Checks that `chunk` is a list of (routing hash, bytes) entries, exactly.
+fn check_framing(chunk: &[u8]) -> Result<(), String> {
+    let word = |at: usize| -> Result<u64, String> {
+        chunk
+            .get(at..at + 8)
+            .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+            .ok_or_else(|| format!("truncated at byte {at}"))
+    };
+    let count = word(0)?;
+    let mut at = 8;
+    for _ in 0..count {
+        let len = word(at + 8)?;
+        at = (at as u64 + 16).checked_add(len).filter(|end| *end <= chunk.len() as u64).ok_or("entry past the end")?
+            as usize;
+    }
+    if at != chunk.len() {
+        return Err(format!("{} bytes after the entries", chunk.len() - at));
+    }
+    Ok(())
+}
+
+/// The number of entries in a chunk whose framing was checked.
+pub fn chunk_entries(chunk: &[u8]) -> u64 {
+    chunk.get(..8).map_or(0, |w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
 }

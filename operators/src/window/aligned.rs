@@ -10,7 +10,7 @@ use timely::dataflow::operators::InputCapability;
 
 use super::{skeleton, AssignWindows, Skeleton, Window, WindowResult, Windowed};
 use crate::aggregate::Aggregate;
-use crate::checkpoint::{decode, encode, Entry};
+use crate::checkpoint::{decode, encode, Entry, Restored};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::stream::EventStream;
@@ -37,9 +37,6 @@ struct Bucket<K, Acc, O> {
     emit_at: Timestamp,
     slots: StateMap<(Timestamp, K), Slot<Acc, O>>,
 }
-
-/// A window's start, a key and its slot, as restored from a checkpoint.
-type StartKeySlot<K, Acc, O> = (Timestamp, K, Slot<Acc, O>);
 
 /// The operator's state: every window not yet released, by end.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -124,30 +121,31 @@ where
     fn restore(
         &mut self,
         time: Timestamp,
-        entries: Vec<Entry>,
+        entries: Restored,
         hold: &mut Hold,
         initial: &[timely::dataflow::operators::Capability<Timestamp>],
     ) {
         self.fired_upto = time;
-        // Grouped by window end first, so that each bucket's map is sized at
-        // once: entries come in the order of the old map's hashes, and
-        // inserting them so into a growing map of the same hasher clusters.
-        let mut by_end: BTreeMap<Timestamp, Vec<StartKeySlot<K, Acc, O>>> = BTreeMap::new();
-        for (_, bytes) in entries {
-            let (end, start, key, slot): (Timestamp, Timestamp, K, Slot<Acc, O>) = decode(&bytes);
-            by_end.entry(end).or_default().push((start, key, slot));
-        }
-        for (end, slots) in by_end {
-            let bucket = self.buckets.entry(end).or_insert_with(|| Bucket {
-                emit_at: Timestamp::MAX,
-                slots: StateMap::with_capacity_and_hasher(slots.len(), Default::default()),
-            });
-            if end > time && bucket.emit_at == Timestamp::MAX {
-                bucket.emit_at = end - 1;
+        // Each bucket's map is sized before it is filled (an entry starts with
+        // its window's end): entries come in the order of the old map's hashes,
+        // and inserting them so into a growing map of the same hasher clusters.
+        let mut sizes: BTreeMap<Timestamp, usize> = BTreeMap::new();
+        entries.for_each(|_, bytes| {
+            let end: Timestamp = decode(&bytes[..8]);
+            *sizes.entry(end).or_insert(0) += 1;
+        });
+        for (end, size) in sizes {
+            let slots = StateMap::with_capacity_and_hasher(size, Default::default());
+            self.buckets.entry(end).or_insert(Bucket { emit_at: Timestamp::MAX, slots });
+            if end > time {
+                self.buckets.get_mut(&end).expect("inserted").emit_at = end - 1;
                 hold.restore(end - 1, initial);
             }
-            bucket.slots.extend(slots.into_iter().map(|(start, key, slot)| ((start, key), slot)));
         }
+        entries.for_each(|_, bytes| {
+            let (end, start, key, slot): (Timestamp, Timestamp, K, Slot<Acc, O>) = decode(bytes);
+            self.buckets.get_mut(&end).expect("sized above").slots.insert((start, key), slot);
+        });
     }
 }
 

@@ -131,8 +131,8 @@ where
             fired_upto = time;
             // Sized at once: entries come in the old map's hash order (see the aligned windows).
             keys.reserve(entries.len());
-            for (_, bytes) in entries {
-                let (k, state): (K, KeyState<A::Acc, A::Output>) = decode(&bytes);
+            entries.for_each(|_, bytes| {
+                let (k, state): (K, KeyState<A::Acc, A::Output>) = decode(bytes);
                 for session in state.sessions.iter().filter(|s| !s.fired) {
                     hold.restore(session.emit_at, &initial_capabilities);
                 }
@@ -140,7 +140,7 @@ where
                     timers.entry(state.timer).or_default().push(k.clone());
                 }
                 keys.insert(k, state);
-            }
+            });
         }
         drop(initial_capabilities);
         let mut retired: Vec<Sess<A::Acc, A::Output>> = Vec::new();

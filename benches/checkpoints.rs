@@ -29,7 +29,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::median;
+use common::{field, median};
 use highwater::checkpoint::{latest_usable, CheckpointConfig, Checkpoints, LocalStore};
 use highwater::dead_letter::DeadLetter;
 use highwater::prelude::*;
@@ -76,15 +76,6 @@ fn main() {
     if only.as_deref() != Some("throughput") {
         state(&keys);
     }
-}
-
-/// A field `name=value` of the summary line.
-fn field(summary: &str, name: &str) -> f64 {
-    summary
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {summary:?}"))
 }
 
 fn scratch(name: &str) -> PathBuf {

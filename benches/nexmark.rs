@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::median;
+use common::{field, median};
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -54,15 +54,6 @@ fn parse_args() -> Options {
         }
     }
     o
-}
-
-/// A field `name=value` of the summary line.
-fn field(summary: &str, name: &str) -> f64 {
-    summary
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {summary:?}"))
 }
 
 /// Runs one query; returns (events/s, peak RSS MiB).

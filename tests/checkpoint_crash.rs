@@ -13,40 +13,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "common/crash.rs"]
+mod crash;
+use crash::{seed, Rng, Scratch};
+
 const BIN: &str = env!("CARGO_BIN_EXE_highwater");
-
-/// A scratch directory, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("highwater-crash-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// xorshift64*: kill times that a seed replays.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(lo + self.next() % (hi - lo))
-    }
-}
 
 /// Where a job's events come from.
 #[derive(Clone)]
@@ -169,14 +140,6 @@ fn reference(query: &'static str, input: &Input, dir: &Path) -> (String, Duratio
     (rows, took)
 }
 
-fn seed() -> u64 {
-    let seed = std::env::var("HIGHWATER_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
-    });
-    eprintln!("HIGHWATER_CRASH_SEED={seed}");
-    seed
-}
-
 /// Kills `kills` runs of `query` at random moments within `span` (an
 /// uninterrupted run's duration), restarting each with `--recover` on the
 /// next worker count of `workers`; whenever a job completes, its output must
@@ -240,7 +203,7 @@ fn events_file(dir: &Path, events: u64) -> PathBuf {
 
 #[test]
 fn random_kills_of_q5_q8_and_sessions_leave_exactly_the_uninterrupted_output() {
-    let scratch = Scratch::new("loop");
+    let scratch = Scratch::new("crash", "loop");
     let mut rng = Rng(seed());
     let kills = kills();
     let each = kills.div_ceil(3);
@@ -267,7 +230,7 @@ fn killed_at(point: &str, job: &Job, workers: usize) {
 
 #[test]
 fn kills_while_writing_a_shard_the_manifest_or_committing_recover() {
-    let scratch = Scratch::new("points");
+    let scratch = Scratch::new("crash", "points");
     let input = Input::Generator(6_000_000);
     let (expected, _) = reference("q5", &input, &scratch.0);
     for point in ["shard-write:20", "manifest-write:2", "sink-commit:2"] {
@@ -303,7 +266,7 @@ fn kills_while_writing_a_shard_the_manifest_or_committing_recover() {
 
 #[test]
 fn recovery_rescales_from_one_worker_to_two_and_back() {
-    let scratch = Scratch::new("rescale");
+    let scratch = Scratch::new("crash", "rescale");
     let input = Input::Generator(8_000_000);
     for query in ["q5", "q11"] {
         let (expected, _) = reference(query, &input, &scratch.0);
@@ -319,7 +282,7 @@ fn recovery_rescales_from_one_worker_to_two_and_back() {
 /// that the previous one was used (with a warning) and the output is right.
 #[test]
 fn damaged_checkpoints_fall_back_to_the_previous_one() {
-    let scratch = Scratch::new("corrupt");
+    let scratch = Scratch::new("crash", "corrupt");
     let input = Input::Generator(6_000_000);
     let (expected, _) = reference("q5", &input, &scratch.0);
     type Damage = fn(&Path);
@@ -397,7 +360,7 @@ fn shard_file(checkpoint: &Path, suffix: &str) -> PathBuf {
 
 #[test]
 fn jobs_that_cannot_be_checkpointed_or_restored_are_refused_at_start() {
-    let scratch = Scratch::new("refused");
+    let scratch = Scratch::new("crash", "refused");
     let run = |args: &[&str]| {
         let started = Instant::now();
         let out = Command::new(BIN).args(args).stdin(Stdio::null()).output().unwrap();

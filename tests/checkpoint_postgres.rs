@@ -22,53 +22,16 @@ use highwater::checkpoint::SinkCommitter;
 use highwater::sink::{parse_csv_line, PostgresCommitter, PostgresSinkConfig, PostgresSinkError};
 use pg::PgCluster;
 
+#[path = "common/crash.rs"]
+mod crash;
+use crash::{seed, Rng, Scratch};
+
 const BIN: &str = env!("CARGO_BIN_EXE_highwater");
 const EVENTS: &str = "6000000";
 const COLUMNS: &str = "window_start, window_end, auction, num";
 
 /// The crash tests run one at a time (each runs the job several times).
 static HEAVY: Mutex<()> = Mutex::new(());
-
-/// A scratch directory, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("highwater-pgsink-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// xorshift64*: kill times that a seed replays.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(lo + self.next() % (hi - lo))
-    }
-}
-
-fn seed() -> u64 {
-    let seed = std::env::var("HIGHWATER_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
-    });
-    eprintln!("HIGHWATER_CRASH_SEED={seed}");
-    seed
-}
 
 /// A fresh database of the cluster; its connection string.
 fn database(cluster: &PgCluster, name: &str) -> String {
@@ -86,7 +49,7 @@ fn connect(conninfo: &str) -> postgres::Client {
 fn expected_rows() -> &'static Vec<Vec<String>> {
     static ROWS: OnceLock<Vec<Vec<String>>> = OnceLock::new();
     ROWS.get_or_init(|| {
-        let scratch = Scratch::new("plain");
+        let scratch = Scratch::new("pgsink", "plain");
         let csv = scratch.0.join("q5.csv");
         let out = Command::new(BIN)
             .args(["nexmark", "-q", "q5", "--events", EVENTS, "--partitions", "4", "--output"])
@@ -229,7 +192,7 @@ impl Job {
 fn kill_between_pre_commit_and_manifest_then_recover() {
     let cluster = PgCluster::shared();
     let _heavy = HEAVY.lock().unwrap_or_else(|e| e.into_inner());
-    let scratch = Scratch::new("manifest");
+    let scratch = Scratch::new("pgsink", "manifest");
     let job = Job::new(&cluster, &scratch.0, "case_manifest");
     job.killed_at("manifest-write:2");
     // Checkpoint 1 is committed; checkpoint 2's part (if it had rows) is
@@ -246,7 +209,7 @@ fn kill_between_pre_commit_and_manifest_then_recover() {
 fn kill_between_manifest_and_commit_then_recover() {
     let cluster = PgCluster::shared();
     let _heavy = HEAVY.lock().unwrap_or_else(|e| e.into_inner());
-    let scratch = Scratch::new("commit");
+    let scratch = Scratch::new("pgsink", "commit");
     let job = Job::new(&cluster, &scratch.0, "case_commit");
     job.killed_at("sink-commit:2");
     // Checkpoint 2 exists (its manifest is written), its part is not yet applied.
@@ -267,7 +230,7 @@ fn random_kills_then_recover() {
     const KILLS: usize = 3;
     let cluster = PgCluster::shared();
     let _heavy = HEAVY.lock().unwrap_or_else(|e| e.into_inner());
-    let scratch = Scratch::new("random");
+    let scratch = Scratch::new("pgsink", "random");
     let mut rng = Rng(seed());
     let mut kills = 0;
     let mut jobs = 0;
@@ -307,7 +270,7 @@ fn random_kills_then_recover() {
 fn kill_before_committing_the_final_checkpoint_then_recover() {
     let cluster = PgCluster::shared();
     let _heavy = HEAVY.lock().unwrap_or_else(|e| e.into_inner());
-    let scratch = Scratch::new("final");
+    let scratch = Scratch::new("pgsink", "final");
     let mut job = Job::new(&cluster, &scratch.0, "case_final");
     job.interval = "1h";
     job.killed_at("sink-commit:1");
@@ -450,7 +413,7 @@ fn existing_tables_with_typed_columns_or_without_the_key() {
 /// Bad settings fail fast with a message naming them (the workers never start).
 #[test]
 fn bad_settings_fail_clearly() {
-    let scratch = Scratch::new("settings");
+    let scratch = Scratch::new("pgsink", "settings");
     let run = |extra: &[&str], conninfo: &str| {
         let mut cmd = Command::new(BIN);
         cmd.args(["nexmark", "-q", "q5", "--events", "100000", "--checkpoint-dir"])

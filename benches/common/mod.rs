@@ -20,3 +20,12 @@ impl Rng {
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 }
+
+/// A field `name=value` of a `highwater` summary line.
+pub(crate) fn field(summary: &str, name: &str) -> f64 {
+    summary
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {summary:?}"))
+}

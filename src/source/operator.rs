@@ -370,7 +370,8 @@ where
                 for partition in open.iter_mut() {
                     // The batch goes out at the partition's watermark before it.
                     let emit_at = (*held.time()).max(partition.watermark.current());
-                    let before = partition.mark(emit_at);
+                    // With checkpoints: where the partition stood before this batch.
+                    let before = checkpoints.is_some().then(|| partition.mark(emit_at));
                     let (mut max_time, mut late) = (0, 0);
                     let mut take = |record: S::Record| {
                         let time = time_of(&record);
@@ -404,7 +405,9 @@ where
                                 c.publish(emit_at);
                                 published = emit_at;
                             }
-                            if partition.log.back().is_none_or(|m| m.emit_at < emit_at) {
+                            if let Some(before) =
+                                before.filter(|_| partition.log.back().is_none_or(|m| m.emit_at < emit_at))
+                            {
                                 partition.log.push_back(before);
                             }
                         }

@@ -24,6 +24,8 @@
 //! checkpointed report themselves ([`StateStore::unsupported`]) so that the
 //! runtime refuses to start a checkpointed job it could not restore.
 
+pub mod memory;
+
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::rc::Rc;

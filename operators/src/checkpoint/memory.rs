@@ -1,0 +1,336 @@
+//! An in-memory [`StateStore`] and a recovery check built on it: for testing
+//! that an operator's checkpoint holds everything it needs, without the
+//! runtime's files and threads.
+//!
+//! [`check_recovery`] runs a dataflow twice over the same input: once
+//! uninterrupted, and once with a checkpoint at a cut `T`, a "crash" right
+//! after it, and a restart from the checkpoint (with possibly another number
+//! of workers) fed only the input from `T` on, as a rewound source would. The
+//! recovered output is what an exactly-once sink commits: the first run's
+//! updates at times before `T` and the second run's at `T` or later.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::rc::Rc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use timely::container::CapacityContainerBuilder;
+use timely::dataflow::operators::core::input::Handle as InputHandle;
+use timely::dataflow::operators::core::{Input as _, Inspect};
+
+use super::{CheckpointId, Cut, Entry, Restored, StateStore};
+use crate::key::Data;
+use crate::stream::{EventStream, Update};
+use crate::time::{Diff, Timestamp};
+
+/// What the workers of one in-memory job share.
+#[derive(Default)]
+struct Shared {
+    /// Begun cuts, oldest first.
+    cuts: Vec<Cut>,
+    /// Checkpointed operators by name, with the workers they run on.
+    registered: BTreeMap<String, BTreeSet<usize>>,
+    /// Stateful operators that cannot be checkpointed.
+    unsupported: BTreeSet<String>,
+    /// Submitted entries by cut, operator and worker.
+    submitted: BTreeMap<CheckpointId, BTreeMap<String, BTreeMap<usize, Vec<Entry>>>>,
+    /// Operators' wakers.
+    wakers: Vec<Arc<dyn Fn() + Send + Sync>>,
+}
+
+/// A checkpoint held in memory: its time and every operator's entries.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryCheckpoint {
+    /// The cut's time.
+    pub time: Timestamp,
+    /// Every operator's entries (from all workers).
+    pub entries: BTreeMap<String, Vec<Entry>>,
+}
+
+/// An in-memory checkpoint store shared by the workers of one job.
+#[derive(Clone)]
+pub struct MemoryStore {
+    shared: Arc<Mutex<Shared>>,
+    workers: usize,
+    restored: Option<Arc<MemoryCheckpoint>>,
+    /// Restored entries encoded as chunks, by operator.
+    chunks: Arc<HashMap<String, Vec<Arc<Vec<u8>>>>>,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore").field("workers", &self.workers).finish_non_exhaustive()
+    }
+}
+
+impl MemoryStore {
+    /// A store for a job of `workers` workers, restored from `restored` if given.
+    pub fn new(workers: usize, restored: Option<MemoryCheckpoint>) -> Self {
+        let chunks = restored
+            .as_ref()
+            .map(|r| {
+                r.entries
+                    .iter()
+                    .map(|(name, entries)| {
+                        let bytes = bincode::serialize(entries).expect("entries serialize");
+                        (name.clone(), vec![Arc::new(bytes)])
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        MemoryStore { shared: Arc::default(), workers, restored: restored.map(Arc::new), chunks: Arc::new(chunks) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Begins checkpoint `id` at `time` and wakes the operators.
+    pub fn begin(&self, id: CheckpointId, time: Timestamp) {
+        let wakers = {
+            let mut shared = self.lock();
+            shared.cuts.push(Cut { id, time });
+            shared.wakers.clone()
+        };
+        for wake in wakers {
+            wake();
+        }
+    }
+
+    /// The store as worker `worker` sees it.
+    pub fn worker(&self, worker: usize) -> WorkerView {
+        WorkerView { store: self.clone(), worker }
+    }
+
+    /// Whether every registered operator has submitted its state for `id` on every worker.
+    pub fn complete(&self, id: CheckpointId) -> bool {
+        let shared = self.lock();
+        let submitted = shared.submitted.get(&id);
+        shared
+            .registered
+            .keys()
+            .all(|name| submitted.and_then(|s| s.get(name)).is_some_and(|by_worker| by_worker.len() == self.workers))
+    }
+
+    /// The checkpoint `id` as taken, if complete.
+    pub fn checkpoint(&self, id: CheckpointId) -> Option<MemoryCheckpoint> {
+        if !self.complete(id) {
+            return None;
+        }
+        let shared = self.lock();
+        let time = shared.cuts.iter().find(|c| c.id == id)?.time;
+        let entries = shared
+            .submitted
+            .get(&id)
+            .map(|by_operator| {
+                by_operator
+                    .iter()
+                    .map(|(name, by_worker)| (name.clone(), by_worker.values().flatten().cloned().collect()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(MemoryCheckpoint { time, entries })
+    }
+
+    /// The operators registered as checkpointable.
+    pub fn registered(&self) -> Vec<String> {
+        self.lock().registered.keys().cloned().collect()
+    }
+
+    /// The stateful operators that declared they cannot be checkpointed.
+    pub fn unsupported(&self) -> Vec<String> {
+        self.lock().unsupported.iter().cloned().collect()
+    }
+}
+
+/// One worker's view of a [`MemoryStore`].
+#[derive(Debug)]
+pub struct WorkerView {
+    store: MemoryStore,
+    worker: usize,
+}
+
+impl StateStore for WorkerView {
+    fn cut_after(&self, done: Option<CheckpointId>) -> Option<Cut> {
+        self.store.lock().cuts.iter().find(|c| done.is_none_or(|d| c.id > d)).copied()
+    }
+
+    fn register(&self, operator: &str) {
+        self.store.lock().registered.entry(operator.to_owned()).or_default().insert(self.worker);
+    }
+
+    fn unsupported(&self, operator: &str) {
+        self.store.lock().unsupported.insert(operator.to_owned());
+    }
+
+    fn restored(&self, operator: &str) -> Option<Restored> {
+        self.store.restored.as_ref()?;
+        let chunks = self.store.chunks.get(operator).cloned().unwrap_or_default();
+        Some(Restored::new(chunks, self.worker, self.store.workers))
+    }
+
+    fn restored_time(&self) -> Option<Timestamp> {
+        self.store.restored.as_ref().map(|r| r.time)
+    }
+
+    fn submit(&self, operator: &str, cut: Cut, entries: Vec<Entry>, _pause: Duration) {
+        let mut shared = self.store.lock();
+        let by_worker = shared.submitted.entry(cut.id).or_default().entry(operator.to_owned()).or_default();
+        by_worker.insert(self.worker, entries);
+    }
+
+    fn submitted_everywhere(&self, operator: &str, cut: CheckpointId) -> bool {
+        let shared = self.store.lock();
+        shared.submitted.get(&cut).and_then(|s| s.get(operator)).is_some_and(|w| w.len() == self.store.workers)
+    }
+
+    fn on_cut(&self, wake: Box<dyn Fn() + Send + Sync>) {
+        self.store.lock().wakers.push(Arc::from(wake));
+    }
+}
+
+/// One input update: `(record, event time, diff, arrival time)`; the
+/// arrival time is the timely time it travels at.
+pub type Input<D> = (D, Timestamp, Diff, Timestamp);
+
+/// A consolidated output: `(record, timely time) → diff`, zeros removed.
+pub type Output<O> = BTreeMap<(O, Timestamp), Diff>;
+
+/// The outputs of [`check_recovery`]'s runs.
+#[derive(Debug)]
+pub struct Recovery<O: Ord> {
+    /// The uninterrupted run's output.
+    pub expected: Output<O>,
+    /// The committed output of the run checkpointed at the cut and recovered from it.
+    pub recovered: Output<O>,
+    /// The entries of the checkpoint, by operator.
+    pub checkpoint: MemoryCheckpoint,
+    /// The operators that declared themselves not checkpointable.
+    pub unsupported: Vec<String>,
+}
+
+/// Runs `build` over `input` uninterrupted on `before` workers, then with a
+/// checkpoint at `cut` on `before` workers and a recovery from it on `after`
+/// workers fed the input that arrives at `cut` or later; returns both outputs.
+///
+/// # Panics
+/// If a worker panics, or the checkpoint does not complete.
+///
+/// # Examples
+/// ```
+/// use highwater_operators::checkpoint::memory::check_recovery;
+/// use highwater_operators::prelude::*;
+///
+/// let input: Vec<(char, u64, i64, u64)> =
+///     (0..200u64).map(|i| ((b'a' + (i % 3) as u8) as char, i * 100, 1, i * 100)).collect();
+/// // Cut in the middle of the window [7 s, 8 s): its count is in the checkpoint.
+/// let run = check_recovery(&input, 7_450, 1, 2, |events| {
+///     events.window(Tumbling::of(1.secs())).key_by(|c: &char| *c).aggregate(Count).results
+/// });
+/// assert!(run.unsupported.is_empty());
+/// assert!(run.checkpoint.entries.values().any(|e| !e.is_empty()));
+/// assert_eq!(run.recovered, run.expected);
+/// ```
+pub fn check_recovery<D, O, B>(input: &[Input<D>], cut: Timestamp, before: usize, after: usize, build: B) -> Recovery<O>
+where
+    D: Data + Send + Sync,
+    O: Data + Ord + Send,
+    B: for<'s> Fn(&EventStream<'s, D>) -> EventStream<'s, O> + Send + Sync + 'static,
+{
+    let input: Arc<Vec<Input<D>>> = Arc::new(input.to_vec());
+    let build = Arc::new(build);
+    let expected = run(&input, before, None, &build, |_| true);
+    // Checkpointed at the cut, then crashed: only output before the cut is committed.
+    let store = MemoryStore::new(before, None);
+    store.begin(1, cut);
+    let first = run(&input, before, Some(store.clone()), &build, move |t| t < cut);
+    let checkpoint = store.checkpoint(1).expect("the checkpoint completes once the input is closed");
+    let unsupported = store.unsupported();
+    // Recovered: the state as of the cut, and the input from the cut on.
+    let rewound: Arc<Vec<Input<D>>> = Arc::new(input.iter().filter(|u| u.3 >= cut).cloned().collect());
+    let restored = MemoryStore::new(after, Some(checkpoint.clone()));
+    let second = run_from(&rewound, after, Some(restored), &build, move |t| t >= cut, cut);
+    let mut recovered = first;
+    for (key, diff) in second {
+        *recovered.entry(key).or_insert(0) += diff;
+    }
+    recovered.retain(|_, d| *d != 0);
+    Recovery { expected, recovered, checkpoint, unsupported }
+}
+
+fn run<D, O, B>(
+    input: &Arc<Vec<Input<D>>>,
+    workers: usize,
+    store: Option<MemoryStore>,
+    build: &Arc<B>,
+    keep: impl Fn(Timestamp) -> bool + Send + Sync + 'static,
+) -> Output<O>
+where
+    D: Data + Send + Sync,
+    O: Data + Ord + Send,
+    B: for<'s> Fn(&EventStream<'s, D>) -> EventStream<'s, O> + Send + Sync + 'static,
+{
+    run_from(input, workers, store, build, keep, 0)
+}
+
+fn run_from<D, O, B>(
+    input: &Arc<Vec<Input<D>>>,
+    workers: usize,
+    store: Option<MemoryStore>,
+    build: &Arc<B>,
+    keep: impl Fn(Timestamp) -> bool + Send + Sync + 'static,
+    start: Timestamp,
+) -> Output<O>
+where
+    D: Data + Send + Sync,
+    O: Data + Ord + Send,
+    B: for<'s> Fn(&EventStream<'s, D>) -> EventStream<'s, O> + Send + Sync + 'static,
+{
+    let collected: Arc<Mutex<Output<O>>> = Arc::default();
+    let keep = Arc::new(keep);
+    let (input, build, out) = (Arc::clone(input), Arc::clone(build), Arc::clone(&collected));
+    let guards = timely::execute(timely::Config::process(workers), move |worker| {
+        let index = worker.index();
+        super::install(store.as_ref().map(|s| Rc::new(s.worker(index)) as Rc<dyn StateStore>));
+        let mut handle: InputHandle<Timestamp, CapacityContainerBuilder<Vec<Update<D>>>> = InputHandle::new();
+        let (out, keep) = (Arc::clone(&out), Arc::clone(&keep));
+        worker.dataflow::<Timestamp, _, _>(|scope| {
+            let events = EventStream::new(scope.input_from(&mut handle));
+            build(&events).inner.inspect_core(move |event| {
+                if let Ok((stamp, data)) = event {
+                    let time = *stamp.iter().min().expect("highwater messages travel under a non-empty stamp");
+                    if keep(time) {
+                        let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
+                        for (record, _event_time, diff) in data.iter().cloned() {
+                            *out.entry((record, time)).or_insert(0) += diff;
+                        }
+                    }
+                }
+            });
+        });
+        super::install(None);
+        handle.advance_to(start);
+        if index == 0 {
+            let mut sorted: Vec<&Input<D>> = input.iter().collect();
+            sorted.sort_by_key(|u| u.3);
+            for (record, time, diff, arrival) in sorted {
+                if *arrival > *handle.time() {
+                    handle.advance_to(*arrival);
+                    worker.step();
+                }
+                handle.send((record.clone(), *time, *diff));
+            }
+        }
+        handle.close();
+    })
+    .expect("timely starts");
+    for result in guards.join() {
+        result.expect("a worker of the recovery check failed");
+    }
+    let mut out = Arc::try_unwrap(collected)
+        .unwrap_or_else(|_| panic!("workers are done"))
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner());
+    out.retain(|_, d| *d != 0);
+    out
+}

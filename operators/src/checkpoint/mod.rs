@@ -18,6 +18,11 @@
 //! 3. on recovery, gets back the entries whose routing hash falls on its worker
 //!    ([`StateStore::restored`]), whatever the number of workers the
 //!    checkpoint was taken with, and resumes with its frontier at `T`.
+//!    Updates at times before `T` that reach a gate after a recovery are
+//!    replays of restored differential collections (see
+//!    [`EventStream::as_collection`](crate::EventStream::as_collection)),
+//!    whose effect the operator's restored state holds already: the gate
+//!    drops them, as exactly-once sinks do.
 //!
 //! Without an installed store (the default) nothing of this happens and the
 //! operators run exactly as before. Stateful operators that cannot yet be
@@ -285,6 +290,9 @@ fn gate<'scope, D: Data>(
         let mut stash: BTreeMap<Timestamp, Vec<Vec<Update<D>>>> = BTreeMap::new();
         // The last cut the operator has submitted on every worker.
         let mut open_upto: Option<CheckpointId> = None;
+        // After a recovery from a cut at `T`, updates before `T` can only be
+        // replays of restored collections.
+        let replayed_below = store.restored_time().unwrap_or(0);
         move |frontiers| {
             let mut limit = None;
             while let Some(cut) = store.cut_after(open_upto).filter(|c| !c.is_final()) {
@@ -303,6 +311,12 @@ fn gate<'scope, D: Data>(
             let mut output = out.activate();
             input.for_each_stamp(|at, data| {
                 let time = arrival_time(&at);
+                if time < replayed_below {
+                    // A replay of state the operator has restored (see
+                    // `EventStream::as_collection`): already in its state.
+                    data.for_each(Vec::clear);
+                    return;
+                }
                 for batch in data {
                     if limit.is_some_and(|l| time >= l) {
                         stash.entry(time).or_default().push(std::mem::take(batch));

@@ -3,14 +3,17 @@
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
+use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::Exchange;
-use timely::dataflow::operators::generic::Operator;
+use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
+use timely::dataflow::operators::generic::OutputBuilder;
 
 use crate::aggregate::Aggregate;
+use crate::checkpoint::{decode, encode, Checkpointer};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::stream::{EventStream, Update};
-use crate::time::{arrival_time, watermark_of, Timestamp};
+use crate::time::{arrival_time, watermark_of, Diff, Timestamp};
 
 /// Per key: the accumulator, and whether it changed at the time being applied.
 ///
@@ -18,6 +21,36 @@ use crate::time::{arrival_time, watermark_of, Timestamp};
 /// before the key's first change at a time, which halves the state of keys
 /// with large results.
 type Entry<Acc> = (Acc, bool);
+
+/// A key's checkpoint entry: its accumulator (if it has a result), and its
+/// updates still waiting for the watermark as `(timely time, record, diff)`.
+type KeyEntry<K, Acc, D> = (K, Option<Acc>, Vec<(Timestamp, D, Diff)>);
+
+/// The state as checkpoint entries, one per key, routed by the key as the
+/// operator's exchange routes it. Taken when the watermark is at the cut and
+/// every time below it is applied: `pending` holds only input at or after the
+/// cut (none, with gated input), and no key is marked changed.
+fn snapshot<K: Key, Acc: serde::Serialize, D: Data>(
+    table: &StateMap<K, Entry<Acc>>,
+    pending: &BTreeMap<Timestamp, Vec<(K, D, Diff)>>,
+) -> Vec<crate::checkpoint::Entry> {
+    let mut waiting: StateMap<&K, Vec<(Timestamp, &D, Diff)>> = StateMap::default();
+    for (time, updates) in pending {
+        for (k, d, r) in updates {
+            waiting.entry(k).or_default().push((*time, d, *r));
+        }
+    }
+    let mut entries = Vec::with_capacity(table.len() + waiting.len());
+    for (k, (acc, changed)) in table {
+        debug_assert!(!changed, "a key is marked changed only while its time is applied");
+        let held = waiting.remove(k).unwrap_or_default();
+        entries.push((route(k), encode(&(k, Some(acc), held))));
+    }
+    for (k, held) in waiting {
+        entries.push((route(k), encode(&(k, None::<&Acc>, held))));
+    }
+    entries
+}
 
 impl<'scope, D: Data> EventStream<'scope, D> {
     /// Maintains `aggregate` per key over the whole changelog, as a table.
@@ -28,6 +61,10 @@ impl<'scope, D: Data> EventStream<'scope, D> {
     /// result disappears only retracts). Updates are applied in time order, so
     /// the output at every time is the aggregate of the input up to it. State is
     /// kept per key for as long as the key has a result.
+    ///
+    /// The operator is checkpointable: a checkpoint holds each key's
+    /// accumulator (the result to retract next is recomputed from it), and a
+    /// recovery on any number of workers resumes from them.
     ///
     /// # Examples
     /// ```
@@ -68,15 +105,46 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         let key = Rc::new(key);
         let key_route = Rc::clone(&key);
         let pact = Exchange::new(move |u: &Update<D>| route(&key_route(&u.0)));
-        crate::checkpoint::unsupported(name);
-        let inner = self.inner.clone().unary_frontier(pact, name, move |_cap, _info| {
+        let mut checkpointer = Checkpointer::new();
+        let input_stream = checkpointer.as_ref().map_or_else(|| self.clone(), |c| c.gate(self));
+        let scope = self.scope();
+        let mut builder = OperatorBuilder::new(name.to_owned(), scope);
+        if let Some(c) = checkpointer.as_mut() {
+            c.register(name, &builder.operator_info().address, &scope);
+        }
+        let mut input = builder.new_input(input_stream.inner, pact);
+        let (output, inner) = builder.new_output();
+        let mut output = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<(K, A::Output)>>>>::from(output);
+        builder.build(move |initial_capabilities| {
             let mut table: StateMap<K, Entry<A::Acc>> = StateMap::default();
             // Input waiting for the watermark, by timely time.
-            let mut pending: BTreeMap<Timestamp, Vec<(K, D, i64)>> = BTreeMap::new();
+            let mut pending: BTreeMap<Timestamp, Vec<(K, D, Diff)>> = BTreeMap::new();
             let mut hold = Hold::default();
+            // Recovery: each key's accumulator, and its input still waiting
+            // for the watermark (which owes output at its time).
+            if let Some((_, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
+                table.reserve(entries.len());
+                entries.for_each(|_, bytes| {
+                    let (k, acc, waiting): KeyEntry<K, A::Acc, D> = decode(bytes);
+                    for (time, d, r) in waiting {
+                        pending
+                            .entry(time)
+                            .or_insert_with(|| {
+                                hold.restore(time, &initial_capabilities);
+                                Vec::new()
+                            })
+                            .push((k.clone(), d, r));
+                    }
+                    if let Some(acc) = acc {
+                        table.insert(k, (acc, false));
+                    }
+                });
+            }
+            drop(initial_capabilities);
             // Keys changed at the time being applied, with their result before it.
             let mut dirty: Vec<(K, Option<A::Output>)> = Vec::new();
-            move |(input, frontier), output| {
+            move |frontiers| {
+                let mut output = output.activate();
                 input.for_each_stamp(|cap, data| {
                     let arrived = arrival_time(&cap);
                     let batch = pending.entry(arrived).or_insert_with(|| {
@@ -87,7 +155,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                         batch.extend(updates.drain(..).map(|(d, _t, r)| (key(&d), d, r)));
                     }
                 });
-                let watermark = watermark_of(frontier);
+                let watermark = watermark_of(&frontiers[0]);
                 while let Some(entry) = pending.first_entry() {
                     if *entry.key() >= watermark {
                         break;
@@ -122,6 +190,11 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                     hold.remove(time);
                 }
                 hold.settle(None);
+                if let Some(c) = checkpointer.as_ref() {
+                    while let Some(cut) = c.due(watermark) {
+                        c.snapshot(cut, || snapshot(&table, &pending));
+                    }
+                }
             }
         });
         EventStream::new(inner)

@@ -1,12 +1,15 @@
 //! Count windows: windows of the last N records of a key, in event-time order.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
+
+use timely::dataflow::operators::{Capability, InputCapability};
 
 use super::{skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
 use crate::aggregate::Aggregate;
-use crate::hold::{Hold, Waiting};
-use crate::key::{Data, Key, StateMap};
+use crate::checkpoint::{decode, encode, Entry};
+use crate::hold::Hold;
+use crate::key::{route, Data, Key, StateMap};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
 
@@ -24,6 +27,11 @@ use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
 /// window it shifts is retracted and emitted again; the state for this keeps
 /// the records of the last `allowed lateness` ms plus `size` more. Count
 /// windows take insertions only.
+///
+/// Count windows are checkpointable: a checkpoint holds, per key, those
+/// records with the position of the first and the windows emitted over them
+/// (what a late record retracts), and the records still waiting for the
+/// watermark, which a recovery emits at their event times.
 ///
 /// ```
 /// use highwater_operators::prelude::*;
@@ -96,6 +104,106 @@ impl<D, O> KeyState<D, O> {
     }
 }
 
+/// A key's checkpoint entry: its processed records and emitted windows (if
+/// any), and its records waiting for the watermark, as `(event time, record)`.
+type KeyEntry<K, D, O> = (K, Option<KeyState<D, O>>, Vec<(Timestamp, D)>);
+
+/// Records waiting until the watermark passes their event time, so that they
+/// can be taken in event-time order, which a checkpoint can list by key and a
+/// recovery can put back. Shared by the count and global windows.
+#[derive(Debug)]
+pub(super) struct Pending<D> {
+    /// By event time: the records, and the timely time their results go out at
+    /// (their event time, or their arrival time if they came later).
+    by_time: BTreeMap<Timestamp, (Vec<D>, Timestamp)>,
+}
+
+impl<D> Default for Pending<D> {
+    fn default() -> Self {
+        Pending { by_time: BTreeMap::new() }
+    }
+}
+
+impl<D> Pending<D> {
+    /// Adds `record` at `time`; it arrived at timely time `arrived`.
+    pub(super) fn insert(
+        &mut self,
+        record: D,
+        time: Timestamp,
+        arrived: Timestamp,
+        hold: &mut Hold,
+        cap: &InputCapability<Timestamp>,
+    ) {
+        let needed = time.max(arrived);
+        let (records, emit_at) = self.by_time.entry(time).or_insert_with(|| (Vec::new(), Timestamp::MAX));
+        records.push(record);
+        if needed < *emit_at {
+            if *emit_at != Timestamp::MAX {
+                hold.remove(*emit_at);
+            }
+            *emit_at = needed;
+            hold.insert(needed, cap);
+        }
+    }
+
+    /// Puts back `record` at `time` from a checkpoint taken at `cut`: it
+    /// arrived before the cut, so its results go out at `max(time, cut)` (its
+    /// time: the records waiting at a cut are those the watermark has not
+    /// passed), under a capability minted from the `initial` ones.
+    pub(super) fn restore(
+        &mut self,
+        record: D,
+        time: Timestamp,
+        cut: Timestamp,
+        hold: &mut Hold,
+        initial: &[Capability<Timestamp>],
+    ) {
+        let needed = time.max(cut);
+        let (records, emit_at) = self.by_time.entry(time).or_insert_with(|| (Vec::new(), Timestamp::MAX));
+        records.push(record);
+        if needed < *emit_at {
+            if *emit_at != Timestamp::MAX {
+                hold.remove(*emit_at);
+            }
+            *emit_at = needed;
+            hold.restore(needed, initial);
+        }
+    }
+
+    /// The earliest waiting time below `watermark`, with its records and
+    /// emission time; the hold's promise for it is withdrawn (the caller emits
+    /// under [`Hold::at`] before settling).
+    pub(super) fn pop_before(
+        &mut self,
+        watermark: Timestamp,
+        hold: &mut Hold,
+    ) -> Option<(Timestamp, Vec<D>, Timestamp)> {
+        let entry = self.by_time.first_entry()?;
+        if *entry.key() >= watermark {
+            return None;
+        }
+        let (time, (records, emit_at)) = entry.remove_entry();
+        hold.remove(emit_at);
+        Some((time, records, emit_at))
+    }
+
+    /// The earliest waiting event time.
+    pub(super) fn first_time(&self) -> Option<Timestamp> {
+        self.by_time.first_key_value().map(|(t, _)| *t)
+    }
+
+    /// The waiting records grouped by `key`, each with its event time.
+    pub(super) fn by_key<K: Key>(&self, key: impl Fn(&D) -> K) -> StateMap<K, Vec<(Timestamp, &D)>> {
+        let mut grouped: StateMap<K, Vec<(Timestamp, &D)>> = StateMap::default();
+        for (time, (records, _)) in &self.by_time {
+            for record in records {
+                grouped.entry(key(record)).or_default().push((*time, record));
+            }
+        }
+        grouped
+    }
+}
+
 impl<D: Data + Ord> WindowSpec<D> for CountWindows {
     fn aggregate_core<'scope, K, KF, A>(
         self,
@@ -131,9 +239,9 @@ where
 {
     let key = Rc::new(key);
     let (
-        Skeleton { builder, checkpointer: _, mut input, results: mut results_out, late: mut late_out, late_count },
+        Skeleton { builder, checkpointer, mut input, results: mut results_out, late: mut late_out, late_count },
         windowed,
-    ) = skeleton(stream, name, &key, false);
+    ) = skeleton(stream, name, &key, true);
     let counter = late_count;
 
     // The windows ending at absolute indexes `from..to`, computed from `history`.
@@ -164,14 +272,34 @@ where
         }
     };
 
-    builder.build(move |_initial_capabilities| {
+    builder.build(move |initial_capabilities| {
         let mut keys: StateMap<K, KeyState<D, A::Output>> = StateMap::default();
-        let mut waiting: Waiting<D> = Waiting::default();
+        let mut waiting: Pending<D> = Pending::default();
         let mut hold = Hold::default();
         let mut processed_upto: Timestamp = 0;
+        let mut touched: Vec<K> = Vec::new();
+        // Recovery: each key's records and emitted windows, and its records
+        // waiting for the watermark (which owe their results at their time).
+        if let Some((time, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
+            processed_upto = time;
+            // Sized at once: entries come in the old map's hash order (see the aligned windows).
+            keys.reserve(entries.len());
+            entries.for_each(|_, bytes| {
+                let (k, state, held): KeyEntry<K, D, A::Output> = decode(bytes);
+                for (t, record) in held {
+                    waiting.restore(record, t, time, &mut hold, &initial_capabilities);
+                }
+                if let Some(state) = state {
+                    if state.touched {
+                        touched.push(k.clone());
+                    }
+                    keys.insert(k, state);
+                }
+            });
+        }
+        drop(initial_capabilities);
         let mut out = Vec::new();
         let mut emitted = Vec::new();
-        let mut touched: Vec<K> = Vec::new();
 
         move |frontiers| {
             let mut results = results_out.activate();
@@ -262,6 +390,22 @@ where
                     }
                 }
                 hold.settle(None);
+            }
+            if let Some(c) = checkpointer.as_ref() {
+                while let Some(cut) = c.due(watermark) {
+                    c.snapshot(cut, || {
+                        let mut held = waiting.by_key(|d| key(d));
+                        let mut entries: Vec<Entry> = Vec::with_capacity(keys.len() + held.len());
+                        for (k, state) in keys.iter() {
+                            let records = held.remove(k).unwrap_or_default();
+                            entries.push((route(k), encode(&(k, Some(state), records))));
+                        }
+                        for (k, records) in held {
+                            entries.push((route(&k), encode(&(&k, None::<&KeyState<D, A::Output>>, records))));
+                        }
+                        entries
+                    });
+                }
             }
         }
     });

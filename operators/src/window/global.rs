@@ -6,10 +6,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{de::DeserializeOwned, Serialize};
 
+use super::count::Pending;
 use super::{skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
 use crate::aggregate::Aggregate;
-use crate::hold::{Hold, Waiting};
-use crate::key::{Data, Key, StateMap};
+use crate::checkpoint::{decode, encode, Entry};
+use crate::hold::Hold;
+use crate::key::{route, Data, Key, StateMap};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp, END_OF_TIME};
 
@@ -160,6 +162,15 @@ impl<D, T: Trigger<D>> Trigger<D> for Purging<T> {
 /// later than the watermark by more than the allowed lateness go to the late
 /// output; later ones within it reach the trigger on arrival.
 ///
+/// Global windows are checkpointable: a checkpoint holds each key's window
+/// (accumulator, trigger state, event-time timer, whether records came since
+/// the last firing, the result a next firing retracts), the records waiting
+/// for the watermark, and the last processing-time period. Record and
+/// event-time firings recover exactly; a processing-time trigger resumes its
+/// state, and its first firing after a recovery reports the window from the
+/// last period before the checkpoint to the current one (periods that ended
+/// while the job was down fire once, late).
+///
 /// ```
 /// use highwater_operators::prelude::*;
 /// use timely::dataflow::operators::ToStream;
@@ -216,6 +227,12 @@ struct KeyWindow<Acc, S, O> {
 }
 
 type KeyWindowOf<D, T, A> = KeyWindow<<A as Aggregate<D>>::Acc, <T as Trigger<D>>::State, <A as Aggregate<D>>::Output>;
+
+/// A key's checkpoint entry: its window (if any, with its trigger state and
+/// event-time timer), its records waiting for the watermark as `(event time,
+/// record)`, and the operator's last processing-time period (the start of the
+/// next processing-time firing's window).
+type KeyEntry<K, W, D> = (K, Option<W>, Vec<(Timestamp, D)>, u64);
 
 impl<D: Data + Ord, T: Trigger<D>> WindowSpec<D> for GlobalWindows<T> {
     fn aggregate_core<'scope, K, KF, A>(
@@ -291,25 +308,58 @@ where
 {
     let key = Rc::new(key);
     let (
-        Skeleton { builder, checkpointer: _, mut input, results: mut results_out, late: mut late_out, late_count },
+        Skeleton { builder, checkpointer, mut input, results: mut results_out, late: mut late_out, late_count },
         windowed,
-    ) = skeleton(stream, name, &key, false);
+    ) = skeleton(stream, name, &key, true);
     let counter = late_count;
     let address = builder.operator_info().address;
     let activator = stream.scope().activator_for(address);
     let period = trigger.processing_period();
 
-    builder.build(move |_initial_capabilities| {
+    builder.build(move |initial_capabilities| {
         let mut windows: StateMap<K, KeyWindowOf<D, T, A>> = StateMap::default();
-        let mut waiting: Waiting<D> = Waiting::default();
+        let mut waiting: Pending<D> = Pending::default();
         let mut timers: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
         let mut hold = Hold::default();
         let mut processed_upto: Timestamp = 0;
         let mut last_period: u64 = period.map(|p| wall_clock_ms() / p * p).unwrap_or(0);
-        let mut out = Vec::new();
-        let mut touched: Vec<K> = Vec::new();
         // The processing-time firing at the end of input has happened.
         let mut flushed = false;
+        // Recovery: each key's window with its trigger state and timer, its
+        // records waiting for the watermark, and the last processing-time period.
+        if let Some((time, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
+            processed_upto = time;
+            // A final checkpoint is taken after the end-of-input firing.
+            flushed = time == END_OF_TIME;
+            let mut restored_period = None::<u64>;
+            // Sized at once: entries come in the old map's hash order (see the aligned windows).
+            windows.reserve(entries.len());
+            entries.for_each(|_, bytes| {
+                let (k, window, held, period): KeyEntry<K, KeyWindowOf<D, T, A>, D> = decode(bytes);
+                restored_period = restored_period.max(Some(period));
+                for (t, record) in held {
+                    waiting.restore(record, t, time, &mut hold, &initial_capabilities);
+                }
+                if let Some(w) = window {
+                    if let Some(at) = w.timer {
+                        timers.entry(at).or_default().push(k.clone());
+                    }
+                    windows.insert(k, w);
+                }
+            });
+            if period.is_some() {
+                last_period = restored_period.unwrap_or(last_period);
+            }
+            // Timers and processing-time firings emit under a capability held at
+            // the watermark (the floor below): take it back at the cut.
+            if time < END_OF_TIME && (!timers.is_empty() || period.is_some() && !windows.is_empty()) {
+                hold.restore(time, &initial_capabilities);
+                hold.remove(time);
+            }
+        }
+        drop(initial_capabilities);
+        let mut out = Vec::new();
+        let mut touched: Vec<K> = Vec::new();
 
         let new_window = |agg: &A, time| KeyWindow {
             acc: agg.init(),
@@ -465,6 +515,23 @@ where
                 .then_some(processed_upto)
                 .filter(|t| *t < END_OF_TIME);
             hold.settle(floor);
+            if let Some(c) = checkpointer.as_ref() {
+                while let Some(cut) = c.due(watermark) {
+                    c.snapshot(cut, || {
+                        let mut held = waiting.by_key(|d| key(d));
+                        let mut entries: Vec<Entry> = Vec::with_capacity(windows.len() + held.len());
+                        for (k, w) in windows.iter() {
+                            let records = held.remove(k).unwrap_or_default();
+                            entries.push((route(k), encode(&(k, Some(w), records, last_period))));
+                        }
+                        for (k, records) in held {
+                            let none = None::<&KeyWindowOf<D, T, A>>;
+                            entries.push((route(&k), encode(&(&k, none, records, last_period))));
+                        }
+                        entries
+                    });
+                }
+            }
         }
     });
 

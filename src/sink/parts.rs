@@ -48,9 +48,17 @@ pub fn write_parts(
     let sink = name.to_owned();
     let mut buffer: BTreeMap<Timestamp, Vec<(Timestamp, String, i64)>> = BTreeMap::new();
     let mut done: Option<CheckpointId> = None;
+    // After a recovery from a cut at `T`, what travels below `T` was committed
+    // before (see `EventStream::as_collection`).
+    let replayed_below = checkpoints.as_ref().and_then(|c| c.restored_time()).unwrap_or(0);
     stream.inner.clone().sink(Exchange::new(|_: &Update<String>| 0), name, move |(input, frontier)| {
         input.for_each_stamp(|at, data| {
             let time = *at.least().expect("highwater messages travel under a capability");
+            if time < replayed_below {
+                // Derived from a restored collection's replay: committed before the crash.
+                data.for_each(Vec::clear);
+                return;
+            }
             let lines = buffer.entry(time).or_default();
             for batch in data {
                 lines.extend(batch.drain(..).map(|(line, t, diff)| (t, line, diff)));

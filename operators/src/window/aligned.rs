@@ -1,7 +1,7 @@
 //! The operator behind tumbling, sliding and function-assigned windows:
 //! windows that do not merge, so each record updates its windows in place.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
 use std::rc::Rc;
 
@@ -15,6 +15,15 @@ use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::stream::EventStream;
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
+
+/// Results a window operator emits per activation when it fires windows it
+/// releases at once (no allowed lateness). It is activated again for the rest,
+/// so that a large window does not hold the worker (and the operators
+/// downstream, a sink's first rows) until all of its results are out.
+const FIRE_FUEL: usize = 100_000;
+
+/// The slots of a bucket being fired.
+type Slots<K, Acc, O> = <StateMap<(Timestamp, K), Slot<Acc, O>> as IntoIterator>::IntoIter;
 
 /// Per window and key: the accumulator and what was last emitted for it.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -170,6 +179,7 @@ where
         windowed,
     ) = skeleton(stream, name, &key, true);
     let counter = late_count;
+    let activator = stream.scope().activator_for(builder.operator_info().address);
 
     builder.build(move |initial_capabilities| {
         let mut state = State::<K, A::Acc, A::Output>::new();
@@ -179,6 +189,8 @@ where
         }
         drop(initial_capabilities);
         let mut assigned: SmallVec<[Window; 4]> = SmallVec::new();
+        // Windows being fired (without lateness): end, output time, slots left.
+        let mut firing: VecDeque<(Timestamp, Timestamp, Slots<K, A::Acc, A::Output>)> = VecDeque::new();
         move |frontiers| {
             let mut results = results_out.activate();
             let mut late = late_out.activate();
@@ -230,7 +242,17 @@ where
             });
 
             let watermark = watermark_of(&frontiers[0]);
-            if watermark > state.fired_upto {
+            if watermark > state.fired_upto && lateness.0 == 0 {
+                // Released as they fire: taken out, and fired over as many
+                // activations as the fuel asks.
+                let range = (Bound::Excluded(state.fired_upto), Bound::Included(watermark));
+                let ends: Vec<Timestamp> = state.buckets.range(range).map(|(end, _)| *end).collect();
+                for end in ends {
+                    let bucket = state.buckets.remove(&end).expect("listed above");
+                    firing.push_back((end, bucket.emit_at, bucket.slots.into_iter()));
+                }
+                state.fired_upto = watermark;
+            } else if watermark > state.fired_upto {
                 let range = (Bound::Excluded(state.fired_upto), Bound::Included(watermark));
                 for (&end, bucket) in state.buckets.range_mut(range) {
                     let cap = hold.at(bucket.emit_at);
@@ -258,7 +280,27 @@ where
                     entry.remove();
                 }
             }
-            if let Some(c) = checkpointer.as_ref() {
+            let mut fuel = FIRE_FUEL;
+            while let Some((end, emit_at, slots)) = firing.front_mut() {
+                let cap = hold.at(*emit_at);
+                let mut session = results.session(&cap);
+                while fuel > 0 {
+                    let Some(((start, k), slot)) = slots.next() else { break };
+                    fuel -= 1;
+                    if let Some(value) = agg.output(&slot.acc) {
+                        let window = Window::new(start, *end);
+                        session.give((WindowResult { window, key: k, value }, *end - 1, 1));
+                    }
+                }
+                if slots.len() > 0 {
+                    activator.activate();
+                    break;
+                }
+                hold.remove(*emit_at);
+                firing.pop_front();
+            }
+            hold.settle(None);
+            if let Some(c) = checkpointer.as_ref().filter(|_| firing.is_empty()) {
                 while let Some(cut) = c.due(watermark) {
                     c.snapshot(cut, || state.snapshot());
                 }

@@ -55,10 +55,11 @@ use smallvec::SmallVec;
 use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::{Exchange, Pipeline};
 use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
-use timely::dataflow::operators::generic::{Operator, OutputBuilder};
+use timely::dataflow::operators::generic::OutputBuilder;
 
+use crate::checkpoint::{decode, encode, Checkpointer, Entry, Restored};
 use crate::collection::from_collection;
-use crate::hold::{Hold, Waiting};
+use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::late::{Counter, LateOutput};
 use crate::stream::{EventStream, Update};
@@ -134,6 +135,9 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
     /// output. A key's history is kept only as far back as a record can still
     /// arrive, and a deleted key is forgotten, so the state is the table itself.
     ///
+    /// With checkpoints on, a checkpoint holds each key's history; the
+    /// changelog before the cut is not emitted again on recovery.
+    ///
     /// # Examples
     /// ```
     /// use highwater_operators::prelude::*;
@@ -158,9 +162,14 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
     pub fn upsert(&self, allowed_lateness: u64) -> Upserted<'scope, K, V> {
         let lateness = AllowedLateness(allowed_lateness);
         let pact = Exchange::new(|u: &Update<(K, Option<V>)>| route(&(u.0).0));
-        crate::checkpoint::unsupported("Upsert");
-        let mut builder = OperatorBuilder::new("Upsert".to_owned(), self.scope());
-        let mut input = builder.new_input(self.inner.clone(), pact);
+        let mut checkpointer = Checkpointer::new();
+        let stream = checkpointer.as_ref().map_or_else(|| self.clone(), |c| c.gate(self));
+        let scope = self.scope();
+        let mut builder = OperatorBuilder::new("Upsert".to_owned(), scope);
+        if let Some(c) = checkpointer.as_mut() {
+            c.register("Upsert", &builder.operator_info().address, &scope);
+        }
+        let mut input = builder.new_input(stream.inner, pact);
         let (log_out, log) = builder.new_output();
         let (late_out, late) = builder.new_output();
         let mut log_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<(K, V)>>>>::from(log_out);
@@ -171,6 +180,18 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
         builder.build(move |_caps| {
             let mut tables: StateMap<K, History<V>> = StateMap::default();
             let mut due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
+            // Recovery: each key's history, and its compaction schedule. The
+            // changelog up to the cut went out before it: nothing is owed.
+            if let Some((_, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
+                tables.reserve(entries.len());
+                entries.for_each(|_, bytes| {
+                    let (k, history): (K, History<V>) = decode(bytes);
+                    if history.scheduled != Timestamp::MAX {
+                        due.entry(history.scheduled).or_default().push(k.clone());
+                    }
+                    tables.insert(k, history);
+                });
+            }
             move |frontiers| {
                 let mut log = log_out.activate();
                 let mut late = late_out.activate();
@@ -270,6 +291,11 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
                         }
                     }
                 }
+                if let Some(c) = checkpointer.as_ref() {
+                    while let Some(cut) = c.due(watermark) {
+                        c.snapshot(cut, || tables.iter().map(|(k, h)| (route(k), encode(&(k, h)))).collect());
+                    }
+                }
             }
         });
         Upserted {
@@ -309,34 +335,60 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
 
     /// Keeps the table's current state in `reader`, where the program can look
     /// keys up (see [`TableReader`]).
+    ///
+    /// With checkpoints on, each worker's part of the served state (the rows
+    /// and the changes not yet applied) is checkpointed by key, and restored
+    /// on recovery: the table's changelog before the cut is not replayed.
     pub fn serve(&self, reader: &TableReader<K, V>) {
         let shard = Arc::new(RwLock::new(Shard { rows: StateMap::default(), pending: BTreeMap::new() }));
-        let index = self.changelog.scope().index();
+        let scope = self.changelog.scope();
+        let index = scope.index();
         if let Ok(mut shards) = reader.shards.lock() {
             shards.insert(index, Arc::clone(&shard));
         }
         reader.post(index, 0);
         let reader = reader.clone();
-        self.changelog.inner.clone().sink(Pipeline, "ServeTable", move |(input, frontier)| {
-            let Ok(mut shard) = shard.write() else { return };
-            input.for_each_stamp(|_cap, data| {
-                for batch in data {
-                    for (kv, time, diff) in batch.drain(..) {
-                        shard.pending.entry(time).or_default().push((kv, diff));
+        let mut checkpointer = Checkpointer::new();
+        let changelog = checkpointer.as_ref().map_or_else(|| self.changelog.clone(), |c| c.gate(&self.changelog));
+        let mut builder = OperatorBuilder::new("ServeTable".to_owned(), scope);
+        if let Some(c) = checkpointer.as_mut() {
+            c.register("ServeTable", &builder.operator_info().address, &scope);
+        }
+        // The changelog is already on the workers that own its keys.
+        let mut input = builder.new_input(changelog.inner, Pipeline);
+        builder.build(move |_caps| {
+            if let Some((_, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
+                if let Ok(mut shard) = shard.write() {
+                    shard.restore(&entries);
+                }
+            }
+            move |frontiers| {
+                let Ok(mut shard) = shard.write() else { return };
+                input.for_each_stamp(|_cap, data| {
+                    for batch in data {
+                        for (kv, time, diff) in batch.drain(..) {
+                            shard.pending.entry(time).or_default().push((kv, diff));
+                        }
+                    }
+                });
+                // Changes are applied up to the least watermark of all shards, so
+                // that the shards together always hold one state of the table.
+                let watermark = watermark_of(&frontiers[0]);
+                let applied = reader.post(index, watermark);
+                while let Some(entry) = shard.pending.first_entry() {
+                    if *entry.key() >= applied {
+                        break;
+                    }
+                    for ((k, v), diff) in entry.remove() {
+                        bump(shard.rows.entry(k.clone()).or_default(), v, diff);
+                        if shard.rows.get(&k).is_some_and(|values| values.is_empty()) {
+                            shard.rows.remove(&k);
+                        }
                     }
                 }
-            });
-            // Changes are applied up to the least watermark of all shards, so
-            // that the shards together always hold one state of the table.
-            let applied = reader.post(index, watermark_of(frontier));
-            while let Some(entry) = shard.pending.first_entry() {
-                if *entry.key() >= applied {
-                    break;
-                }
-                for ((k, v), diff) in entry.remove() {
-                    bump(shard.rows.entry(k.clone()).or_default(), v, diff);
-                    if shard.rows.get(&k).is_some_and(|values| values.is_empty()) {
-                        shard.rows.remove(&k);
+                if let Some(c) = checkpointer.as_ref() {
+                    while let Some(cut) = c.due(watermark) {
+                        c.snapshot(cut, || shard.snapshot());
                     }
                 }
             }
@@ -375,6 +427,44 @@ pub type FullJoined<K, V, J, W> = (Option<(K, V)>, Option<(J, W)>);
 struct Shard<K, V> {
     rows: StateMap<K, SmallVec<[(V, Diff); 1]>>,
     pending: BTreeMap<Timestamp, Vec<Row<K, V>>>,
+}
+
+/// A key's values with their counts (one positive count, in a table).
+type Values<V> = SmallVec<[(V, Diff); 1]>;
+
+/// A served key's changes not yet applied, by time.
+type Changes<V> = Vec<(Timestamp, V, Diff)>;
+
+/// A served key in a checkpoint: its applied values and its pending changes.
+type ServedKey<K, V> = (K, Values<V>, Changes<V>);
+
+impl<K: Key, V: Data> Shard<K, V> {
+    /// The shard as checkpoint entries, one per key, routed by key.
+    fn snapshot(&self) -> Vec<Entry> {
+        let mut by_key: StateMap<&K, (Values<V>, Changes<V>)> = StateMap::default();
+        for (k, values) in self.rows.iter() {
+            by_key.entry(k).or_default().0 = values.clone();
+        }
+        for (time, changes) in self.pending.iter() {
+            for ((k, v), diff) in changes {
+                by_key.entry(k).or_default().1.push((*time, v.clone(), *diff));
+            }
+        }
+        by_key.into_iter().map(|(k, (values, pending))| (route(k), encode(&(k, values, pending)))).collect()
+    }
+
+    /// Adds this worker's restored keys.
+    fn restore(&mut self, entries: &Restored) {
+        entries.for_each(|_, bytes| {
+            let (k, values, pending): ServedKey<K, V> = decode(bytes);
+            for (time, v, diff) in pending {
+                self.pending.entry(time).or_default().push(((k.clone(), v), diff));
+            }
+            if !values.is_empty() {
+                self.rows.insert(k, values);
+            }
+        });
+    }
 }
 
 /// The tables' state as the dataflow maintains it, readable from outside the
@@ -534,6 +624,98 @@ impl<V: PartialEq> Versioned<V> {
     }
 }
 
+/// A checkpoint entry of an as-of join: a key's table versions, or an event
+/// waiting for the table's watermark (its time, the event, its diff and the
+/// time its result goes out at).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+enum AsOfEntry<K, W, D> {
+    Versions(K, W),
+    Waiting(Timestamp, D, Diff, Timestamp),
+}
+
+/// Records waiting until the watermark passes their event time, taken in
+/// event-time order, which can also be listed for a checkpoint and refilled
+/// on recovery (used by the as-of joins and by pattern matching).
+///
+/// Each record's results go out at its own time, or at its arrival if that is
+/// later, whichever records share its event time: so a record's output time
+/// does not depend on what else was waiting when it came.
+#[derive(Debug)]
+pub(crate) struct Pending<D> {
+    /// By event time and emission time, the records in arrival order.
+    by_time: BTreeMap<(Timestamp, Timestamp), Vec<D>>,
+}
+
+impl<D> Default for Pending<D> {
+    fn default() -> Self {
+        Pending { by_time: BTreeMap::new() }
+    }
+}
+
+impl<D> Pending<D> {
+    /// Adds `record` at `time`; it arrived at timely time `arrived`.
+    pub(crate) fn insert(
+        &mut self,
+        record: D,
+        time: Timestamp,
+        arrived: Timestamp,
+        hold: &mut Hold,
+        cap: &timely::dataflow::operators::InputCapability<Timestamp>,
+    ) {
+        let emit_at = time.max(arrived);
+        let records = self.by_time.entry((time, emit_at)).or_default();
+        if records.is_empty() {
+            hold.insert(emit_at, cap);
+        }
+        records.push(record);
+    }
+
+    /// Adds a restored `record` at `time`, whose result goes out at `emit_at`,
+    /// minting the hold's capabilities from the operator's `initial` ones.
+    pub(crate) fn restore(
+        &mut self,
+        record: D,
+        time: Timestamp,
+        emit_at: Timestamp,
+        hold: &mut Hold,
+        initial: &[timely::dataflow::operators::Capability<Timestamp>],
+    ) {
+        let records = self.by_time.entry((time, emit_at)).or_default();
+        if records.is_empty() {
+            hold.restore(emit_at, initial);
+        }
+        records.push(record);
+    }
+
+    /// The earliest waiting records with an event time below `watermark`
+    /// and the same emission time, with these times; the hold's promise for
+    /// them is withdrawn (the caller emits under [`Hold::at`] before settling).
+    pub(crate) fn pop_before(
+        &mut self,
+        watermark: Timestamp,
+        hold: &mut Hold,
+    ) -> Option<(Timestamp, Vec<D>, Timestamp)> {
+        let entry = self.by_time.first_entry()?;
+        if entry.key().0 >= watermark {
+            return None;
+        }
+        let ((time, emit_at), records) = entry.remove_entry();
+        hold.remove(emit_at);
+        Some((time, records, emit_at))
+    }
+
+    /// The earliest waiting event time.
+    pub(crate) fn first_time(&self) -> Option<Timestamp> {
+        self.by_time.first_key_value().map(|((t, _), _)| *t)
+    }
+
+    /// Every waiting record with its event time and emission time, in
+    /// event-time order (arrival order within a time).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (Timestamp, &D, Timestamp)> + '_ {
+        self.by_time.iter().flat_map(|((t, emit_at), records)| records.iter().map(move |r| (*t, r, *emit_at)))
+    }
+}
+
 /// The outputs of a temporal (as-of) stream–table join.
 #[derive(Debug)]
 pub struct AsOfJoined<'scope, O: 'static, D: 'static> {
@@ -550,12 +732,14 @@ impl<'scope, D: Data> EventStream<'scope, D> {
     ///
     /// An event waits until the table's watermark passes its time, so that
     /// every table change up to it has arrived, whatever the order in which
-    /// table and stream records arrive. Results are final: a table change that
+    /// table and stream records arrive; its result goes out at its time, or at
+    /// its arrival if that is later. Results are final: a table change that
     /// arrives later (within its own lateness) affects only events joined after
     /// it (use [`join_updating`](Self::join_updating) for results that follow
     /// the table). Events that arrive after their time plus `allowed_lateness`
     /// go to the late output. The table's versions are kept only as far back
-    /// as an event can still arrive.
+    /// as an event can still arrive. With checkpoints on, a checkpoint holds
+    /// the table's versions by key and the events still waiting.
     ///
     /// # Examples
     /// ```
@@ -626,10 +810,18 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         let route_key = Rc::clone(&key);
         let pact_table = Exchange::new(|u: &Update<(K, V)>| route(&(u.0).0));
         let pact_stream = Exchange::new(move |u: &Update<D>| route(&route_key(&u.0)));
-        crate::checkpoint::unsupported(name);
-        let mut builder = OperatorBuilder::new(name.to_owned(), self.scope());
-        let mut table_in = builder.new_input(table.changelog.inner.clone(), pact_table);
-        let mut stream_in = builder.new_input(self.inner.clone(), pact_stream);
+        let mut checkpointer = Checkpointer::new();
+        let (table_log, stream) = match checkpointer.as_ref() {
+            Some(c) => (c.gate(&table.changelog), c.gate(self)),
+            None => (table.changelog.clone(), self.clone()),
+        };
+        let scope = self.scope();
+        let mut builder = OperatorBuilder::new(name.to_owned(), scope);
+        if let Some(c) = checkpointer.as_mut() {
+            c.register(name, &builder.operator_info().address, &scope);
+        }
+        let mut table_in = builder.new_input(table_log.inner, pact_table);
+        let mut stream_in = builder.new_input(stream.inner, pact_stream);
         let (results_out, results) = builder.new_output();
         let (late_out, late) = builder.new_output();
         let mut results_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<O>>>>::from(results_out);
@@ -637,12 +829,30 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         let count = Counter::new();
         let counter = count.clone();
 
-        builder.build(move |_caps| {
+        builder.build(move |initial_capabilities| {
             let mut versions: StateMap<K, Versioned<V>> = StateMap::default();
             let mut due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
-            let mut waiting: Waiting<(D, Diff)> = Waiting::default();
+            let mut waiting: Pending<(D, Diff)> = Pending::default();
             let mut hold = Hold::default();
+            // Changes up to the horizon are summed in the versions' bases. A
+            // restored worker starts from 0: its keys' changes are kept by
+            // time, which answers every query a base would.
             let mut horizon: Timestamp = 0;
+            if let Some((time, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
+                entries.for_each(|_, bytes| match decode::<AsOfEntry<K, Versioned<V>, D>>(bytes) {
+                    AsOfEntry::Versions(k, versioned) => {
+                        for (t, _, _) in versioned.changes.iter() {
+                            due.entry(*t).or_default().push(k.clone());
+                        }
+                        versions.insert(k, versioned);
+                    }
+                    // Waiting events are at or after the cut: they owe their results there.
+                    AsOfEntry::Waiting(t, record, diff, emit_at) => {
+                        waiting.restore((record, diff), t, emit_at.max(time), &mut hold, &initial_capabilities);
+                    }
+                });
+            }
+            drop(initial_capabilities);
             move |frontiers| {
                 let mut results = results_out.activate();
                 let mut late = late_out.activate();
@@ -679,7 +889,10 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                             if lateness.release_at(time.saturating_add(1)) <= arrived {
                                 late.session(&cap).give((record, time, diff));
                                 counter.add(1);
-                            } else if time < table_watermark {
+                            } else if time < table_watermark && time < arrived {
+                                // Joined at once, at its arrival. An event ahead of its arrival
+                                // goes out at its own time, as if it had waited: its result's
+                                // timely time does not depend on how far the table had got.
                                 let value = versions.get(&key(&record)).and_then(|v| v.as_of(time));
                                 if let Some(out) = output(record, value) {
                                     session.give((out, time, diff));
@@ -723,6 +936,21 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                                 versions.remove(&k);
                             }
                         }
+                    }
+                }
+                if let Some(c) = checkpointer.as_ref() {
+                    while let Some(cut) = c.due(table_watermark.min(stream_watermark)) {
+                        c.snapshot(cut, || {
+                            let mut entries: Vec<Entry> = Vec::with_capacity(versions.len());
+                            for (k, versioned) in versions.iter() {
+                                entries.push((route(k), encode(&AsOfEntry::<_, _, ()>::Versions(k, versioned))));
+                            }
+                            for (t, (record, diff), emit_at) in waiting.iter() {
+                                let entry = AsOfEntry::<(), (), _>::Waiting(t, record, *diff, emit_at);
+                                entries.push((route(&key(record)), encode(&entry)));
+                            }
+                            entries
+                        });
                     }
                 }
             }

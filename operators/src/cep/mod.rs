@@ -17,7 +17,10 @@
 //! the late output. Partial matches that can no
 //! longer complete within the time bound go to the timed-out output (that is
 //! how "no payment within 5 minutes" is written). A key's state is released
-//! as soon as its last partial match has ended.
+//! as soon as its last partial match has ended. With checkpoints on, a
+//! checkpoint holds each key's partial matches (with the events they took),
+//! its time-bound timer and its replay state, and the events still waiting
+//! for the watermark.
 //!
 //! # Examples
 //! ```
@@ -64,10 +67,12 @@ use timely::dataflow::channels::pact::Exchange;
 use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
 use timely::dataflow::operators::generic::OutputBuilder;
 
-use crate::hold::{Hold, Waiting};
+use crate::checkpoint::{decode, encode, Checkpointer, Entry};
+use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::late::{Counter, LateOutput};
 use crate::stream::{EventStream, Update};
+use crate::table::Pending;
 use crate::time::{arrival_time, watermark_of, Timestamp};
 
 pub use pattern::{AfterMatchSkip, Contiguity, Greed, Matched, Pattern, PatternError, Predicate, StepKind};
@@ -198,7 +203,11 @@ impl<'scope, E: Data, K: Key, KF: Fn(&E) -> K + 'static> PatternExt<'scope, E, K
 }
 
 /// A key's matcher state and the expiry time its timer is set for.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(bound(
+    serialize = "K: serde::Serialize, E: serde::Serialize",
+    deserialize = "K: serde::de::DeserializeOwned, E: serde::de::DeserializeOwned"
+))]
 struct Keyed<K, E> {
     state: KeyState<E>,
     timer: Timestamp,
@@ -219,7 +228,11 @@ impl<K, E> Keyed<K, E> {
 
 /// A key's matcher state before the events a late one may still precede,
 /// those events, and the outputs they made (which a replay may change).
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(bound(
+    serialize = "K: serde::Serialize, E: serde::Serialize",
+    deserialize = "K: serde::de::DeserializeOwned, E: serde::de::DeserializeOwned"
+))]
 struct Replay<K, E> {
     base: KeyState<E>,
     history: Vec<(Timestamp, E)>,
@@ -261,6 +274,15 @@ fn schedule_trim<K: Key, E>(
             trims.entry(at).or_default().push(k.clone());
         }
     }
+}
+
+/// A checkpoint entry of a pattern matcher: a key's state (its runs, its
+/// timer, its replay state), or an event waiting for the watermark (its time,
+/// key and event, and the time its results go out at).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+enum CepEntry<K, S, E> {
+    Key(K, S),
+    Waiting(Timestamp, K, E, Timestamp),
 }
 
 /// How outputs are compared when a replay corrects them.
@@ -320,9 +342,14 @@ impl<'scope, E: Data> EventStream<'scope, E> {
         let key = Rc::new(key);
         let route_key = Rc::clone(&key);
         let pact = Exchange::new(move |u: &Update<E>| route(&route_key(&u.0)));
-        crate::checkpoint::unsupported("MatchPattern");
-        let mut builder = OperatorBuilder::new("MatchPattern".to_owned(), self.scope());
-        let mut input = builder.new_input(self.inner.clone(), pact);
+        let mut checkpointer = Checkpointer::new();
+        let stream = checkpointer.as_ref().map_or_else(|| self.clone(), |c| c.gate(self));
+        let scope = self.scope();
+        let mut builder = OperatorBuilder::new("MatchPattern".to_owned(), scope);
+        if let Some(c) = checkpointer.as_mut() {
+            c.register("MatchPattern", &builder.operator_info().address, &scope);
+        }
+        let mut input = builder.new_input(stream.inner, pact);
         let (matches_out, matches) = builder.new_output();
         let (timeouts_out, timeouts) = builder.new_output();
         let (late_out, late) = builder.new_output();
@@ -335,19 +362,43 @@ impl<'scope, E: Data> EventStream<'scope, E> {
         let within = matcher.within();
 
         let allowed = lateness.as_ref().map_or(0, |(l, _)| *l);
-        builder.build(move |_caps| {
+        builder.build(move |initial_capabilities| {
             let mut keys: StateMap<K, Keyed<K, E>> = StateMap::default();
             // Keys whose oldest replayable event leaves the lateness horizon, by watermark.
             let mut trims: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
             // The watermark up to which events have been matched.
             let mut processed: Timestamp = 0;
-            let mut waiting: Waiting<(K, E)> = Waiting::default();
+            let mut waiting: Pending<(K, E)> = Pending::default();
             // Expiry timers: the keys due, each with the time its output promise is held at.
             let mut timers: BTreeMap<Timestamp, Vec<(K, Timestamp)>> = BTreeMap::new();
             // Matches go out on output 0, time-outs on output 1.
             let mut hold = Hold::with_outputs(2);
             let mut found_matches: Vec<Found<E>> = Vec::new();
             let mut expired: Vec<(Match<K, E>, Timestamp, bool)> = Vec::new();
+            // Recovery: every key's state, with its timer and trim re-armed, and
+            // the events waiting for the watermark. Everything before the cut
+            // has been matched, and what is owed is at or after it.
+            if let Some((time, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
+                processed = time;
+                keys.reserve(entries.len());
+                entries.for_each(|_, bytes| match decode::<CepEntry<K, Keyed<K, E>, E>>(bytes) {
+                    CepEntry::Key(k, keyed) => {
+                        if keyed.timer != Timestamp::MAX {
+                            let promise = (keyed.timer - 1).max(time);
+                            hold.restore(promise, &initial_capabilities);
+                            timers.entry(keyed.timer).or_default().push((k.clone(), promise));
+                        }
+                        if keyed.replay.trim_at != Timestamp::MAX {
+                            trims.entry(keyed.replay.trim_at).or_default().push(k.clone());
+                        }
+                        keys.insert(k, keyed);
+                    }
+                    CepEntry::Waiting(t, k, event, emit_at) => {
+                        waiting.restore((k, event), t, emit_at.max(time), &mut hold, &initial_capabilities);
+                    }
+                });
+            }
+            drop(initial_capabilities);
 
             move |frontiers| {
                 let mut matches = matches_out.activate();
@@ -484,6 +535,21 @@ impl<'scope, E: Data> EventStream<'scope, E> {
                     }
                 }
                 hold.settle(None);
+                if let Some(c) = checkpointer.as_ref() {
+                    while let Some(cut) = c.due(watermark) {
+                        c.snapshot(cut, || {
+                            let mut entries: Vec<Entry> = Vec::with_capacity(keys.len());
+                            for (k, keyed) in keys.iter() {
+                                entries.push((route(k), encode(&CepEntry::<_, _, ()>::Key(k, keyed))));
+                            }
+                            for (t, (k, event), emit_at) in waiting.iter() {
+                                let entry = CepEntry::<_, (), _>::Waiting(t, k, event, emit_at);
+                                entries.push((route(k), encode(&entry)));
+                            }
+                            entries
+                        });
+                    }
+                }
             }
         });
         Ok(Matches {

@@ -30,7 +30,7 @@ pub(crate) struct Taken<E> {
 
 /// The events a partial match has taken, newest first: a persistent list, so
 /// that a partial match that takes one more event shares the others.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Debug)]
 pub(crate) struct Node<E> {
     pub(crate) taken: Taken<E>,
     pub(crate) prev: Option<Rc<Node<E>>>,
@@ -73,7 +73,7 @@ enum Target {
 }
 
 /// A partial match waiting for its next event.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug)]
 pub(crate) struct Run<E> {
     /// Identifies the taken events: runs that branched from one take share it.
     node: u64,
@@ -110,11 +110,104 @@ pub(crate) struct Found<E> {
 }
 
 /// What the matcher of one key holds.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+///
+/// Serialized (for checkpoints) as a table of the runs' taken events, each
+/// node once and after the node it links to: events shared by runs stay
+/// shared, and a long chain is written and read without recursion.
+#[derive(Clone, Debug)]
 pub(crate) struct KeyState<E> {
     runs: Vec<Run<E>>,
     next_seq: u64,
     next_node: u64,
+}
+
+/// A run as written to a checkpoint: its taken events by index in the node table.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct FlatRun {
+    node: u64,
+    taken: u32,
+    target: Target,
+    forbid_next: SmallVec<[usize; 1]>,
+    forbid_between: SmallVec<[usize; 1]>,
+    greedy_guard: Option<usize>,
+    reluctant_guard: SmallVec<[usize; 1]>,
+    complete: bool,
+}
+
+/// A node as written to a checkpoint: its event, the index of the node it
+/// links to (written before it), and the first event's position and time.
+type FlatNode<T> = (T, Option<u32>, (u64, Timestamp));
+
+/// A [`KeyState`] as written to a checkpoint (`T` is `Taken<E>` or a reference to one).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct FlatKeyState<T> {
+    nodes: Vec<FlatNode<T>>,
+    runs: Vec<FlatRun>,
+    next_seq: u64,
+    next_node: u64,
+}
+
+impl<E: serde::Serialize> serde::Serialize for KeyState<E> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut index: crate::key::StateMap<*const Node<E>, u32> = Default::default();
+        let mut nodes: Vec<FlatNode<&Taken<E>>> = Vec::new();
+        let mut runs = Vec::with_capacity(self.runs.len());
+        let mut chain: Vec<&Node<E>> = Vec::new();
+        for run in &self.runs {
+            // The run's nodes not yet written, newest first; then written oldest first.
+            let mut node = Some(&*run.taken);
+            while let Some(n) = node.filter(|n| !index.contains_key(&std::ptr::from_ref(*n))) {
+                chain.push(n);
+                node = n.prev.as_deref();
+            }
+            while let Some(n) = chain.pop() {
+                let prev = n.prev.as_deref().map(|p| index[&std::ptr::from_ref(p)]);
+                let at = u32::try_from(nodes.len()).map_err(serde::ser::Error::custom)?;
+                index.insert(std::ptr::from_ref(n), at);
+                nodes.push((&n.taken, prev, n.start));
+            }
+            runs.push(FlatRun {
+                node: run.node,
+                taken: index[&Rc::as_ptr(&run.taken)],
+                target: run.target,
+                forbid_next: run.forbid_next.clone(),
+                forbid_between: run.forbid_between.clone(),
+                greedy_guard: run.greedy_guard,
+                reluctant_guard: run.reluctant_guard.clone(),
+                complete: run.complete,
+            });
+        }
+        FlatKeyState { nodes, runs, next_seq: self.next_seq, next_node: self.next_node }.serialize(serializer)
+    }
+}
+
+impl<'de, E: serde::Deserialize<'de>> serde::Deserialize<'de> for KeyState<E> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let flat = FlatKeyState::<Taken<E>>::deserialize(deserializer)?;
+        let node_at = |built: &[Rc<Node<E>>], i: u32| {
+            built.get(i as usize).map(Rc::clone).ok_or_else(|| D::Error::custom("a run's node links to a later one"))
+        };
+        let mut built: Vec<Rc<Node<E>>> = Vec::with_capacity(flat.nodes.len());
+        for (taken, prev, start) in flat.nodes {
+            let prev = prev.map(|i| node_at(&built, i)).transpose()?;
+            built.push(Rc::new(Node { taken, prev, start }));
+        }
+        let mut runs = Vec::with_capacity(flat.runs.len());
+        for r in flat.runs {
+            runs.push(Run {
+                node: r.node,
+                taken: node_at(&built, r.taken)?,
+                target: r.target,
+                forbid_next: r.forbid_next,
+                forbid_between: r.forbid_between,
+                greedy_guard: r.greedy_guard,
+                reluctant_guard: r.reluctant_guard,
+                complete: r.complete,
+            });
+        }
+        Ok(KeyState { runs, next_seq: flat.next_seq, next_node: flat.next_node })
+    }
 }
 
 impl<E> Default for KeyState<E> {
@@ -428,4 +521,82 @@ impl<E: Clone> Matcher<E> {
 fn order<E>(a: &Node<E>, b: &Node<E>) -> std::cmp::Ordering {
     let key = |t: &Node<E>| t.to_vec().iter().map(|x| (x.seq, x.step)).collect::<Vec<_>>();
     key(a).cmp(&key(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{decode, encode};
+
+    /// `s`, one or more `a`, then `b` (right after the last `a` if `strict`).
+    fn matcher(strict: bool) -> Matcher<char> {
+        let pattern = Pattern::<char>::begin("s").where_(|e| *e == 's').followed_by("a").where_(|e| *e == 'a');
+        let pattern = pattern.one_or_more();
+        let pattern = if strict { pattern.next("b") } else { pattern.followed_by("b") };
+        Matcher::new(pattern.where_(|e| *e == 'b'))
+    }
+
+    /// The state after `s` and `n` times `a`.
+    fn after(matcher: &Matcher<char>, n: u64) -> KeyState<char> {
+        let mut state = KeyState::default();
+        let mut found = Vec::new();
+        matcher.advance(&mut state, 's', 0, &mut found);
+        for t in 1..=n {
+            matcher.advance(&mut state, 'a', t, &mut found);
+        }
+        assert!(found.is_empty());
+        state
+    }
+
+    fn events(run: &Run<char>) -> Vec<(usize, u64, Timestamp, char)> {
+        run.taken.to_vec().iter().map(|t| (t.step, t.seq, t.time, t.event)).collect()
+    }
+
+    /// Runs the original and the restored state on `b`: the same match.
+    fn same_match(matcher: &Matcher<char>, mut state: KeyState<char>, mut restored: KeyState<char>, at: Timestamp) {
+        let (mut left, mut right) = (Vec::new(), Vec::new());
+        matcher.advance(&mut state, 'b', at, &mut left);
+        matcher.advance(&mut restored, 'b', at, &mut right);
+        let events = |f: &Vec<Found<char>>| {
+            f.iter().map(|f| f.taken.to_vec().iter().map(|t| (t.seq, t.event)).collect::<Vec<_>>()).collect::<Vec<_>>()
+        };
+        assert!(!left.is_empty());
+        assert_eq!(events(&left), events(&right));
+    }
+
+    #[test]
+    fn key_state_round_trips_with_its_events_shared() {
+        // Every prefix `s a…a` waits for a `b`: n runs over one chain of events.
+        let matcher = matcher(false);
+        let n = 1_000;
+        let state = after(&matcher, n);
+        assert!(state.runs.len() as u64 > n);
+        let bytes = encode(&state);
+        // Each event is written once, not once per run that took it.
+        assert!(bytes.len() < 200 * n as usize, "{} bytes", bytes.len());
+        let restored: KeyState<char> = decode(&bytes);
+        assert_eq!((restored.next_seq, restored.next_node), (state.next_seq, state.next_node));
+        assert_eq!(restored.runs.len(), state.runs.len());
+        for (a, b) in state.runs.iter().zip(restored.runs.iter()) {
+            assert_eq!((a.node, a.target, a.complete), (b.node, b.target, b.complete));
+            assert_eq!(events(a), events(b));
+        }
+        let shared = |s: &KeyState<char>| {
+            s.runs.windows(2).filter(|w| w[1].taken.prev.as_ref().is_some_and(|p| Rc::ptr_eq(p, &w[0].taken))).count()
+        };
+        assert_eq!(shared(&restored), shared(&state));
+        same_match(&matcher, state, restored, n + 1);
+    }
+
+    #[test]
+    fn key_state_round_trips_a_long_chain_without_recursion() {
+        let matcher = matcher(true);
+        let n = 200_000;
+        let state = after(&matcher, n);
+        let restored: KeyState<char> = decode(&encode(&state));
+        let longest = |s: &KeyState<char>| s.runs.iter().map(|r| r.taken.to_vec().len()).max();
+        assert_eq!(longest(&restored), Some(n as usize + 1));
+        assert_eq!(longest(&restored), longest(&state));
+        same_match(&matcher, state, restored, n + 1);
+    }
 }

@@ -1,6 +1,5 @@
 //! Bookkeeping shared by the windowed operators: which output times they still
-//! owe, the capability that lets them emit there, and records waiting for the
-//! watermark to pass them.
+//! owe, and the capability that lets them emit there.
 
 use std::collections::BTreeMap;
 
@@ -131,65 +130,5 @@ impl Hold {
                 self.others.clear();
             }
         }
-    }
-}
-
-/// Records waiting until the watermark passes their event time, so that they
-/// can be taken in event-time order.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub(crate) struct Waiting<D> {
-    /// By event time: the records, and the timely time their results go out at
-    /// (their event time, or their arrival time if they came later).
-    by_time: BTreeMap<Timestamp, (Vec<D>, Timestamp)>,
-}
-
-impl<D> Default for Waiting<D> {
-    fn default() -> Self {
-        Waiting { by_time: BTreeMap::new() }
-    }
-}
-
-impl<D> Waiting<D> {
-    /// Adds `record` at `time`; it arrived at timely time `arrived`.
-    pub(crate) fn insert(
-        &mut self,
-        record: D,
-        time: Timestamp,
-        arrived: Timestamp,
-        hold: &mut Hold,
-        cap: &InputCapability<Timestamp>,
-    ) {
-        let needed = time.max(arrived);
-        let (records, emit_at) = self.by_time.entry(time).or_insert_with(|| (Vec::new(), Timestamp::MAX));
-        records.push(record);
-        if needed < *emit_at {
-            if *emit_at != Timestamp::MAX {
-                hold.remove(*emit_at);
-            }
-            *emit_at = needed;
-            hold.insert(needed, cap);
-        }
-    }
-
-    /// The earliest waiting time below `watermark`, with its records and
-    /// emission time; the hold's promise for it is withdrawn (the caller emits
-    /// under [`Hold::at`] before settling).
-    pub(crate) fn pop_before(
-        &mut self,
-        watermark: Timestamp,
-        hold: &mut Hold,
-    ) -> Option<(Timestamp, Vec<D>, Timestamp)> {
-        let entry = self.by_time.first_entry()?;
-        if *entry.key() >= watermark {
-            return None;
-        }
-        let (time, (records, emit_at)) = entry.remove_entry();
-        hold.remove(emit_at);
-        Some((time, records, emit_at))
-    }
-
-    /// The earliest waiting event time.
-    pub(crate) fn first_time(&self) -> Option<Timestamp> {
-        self.by_time.first_key_value().map(|(t, _)| *t)
     }
 }

@@ -309,6 +309,18 @@ fn gate<'scope, D: Data>(
                 }
             }
             let mut output = out.activate();
+            // Held-back updates first: per time, updates go out in the order they came.
+            while let Some(entry) = stash.first_entry() {
+                if limit.is_some_and(|l| *entry.key() >= l) {
+                    break;
+                }
+                let (time, batches) = entry.remove_entry();
+                let held = cap.as_ref().expect("stashed updates are held under the gate's capability").delayed(&time);
+                let mut session = output.session(&held);
+                for mut batch in batches {
+                    session.give_container(&mut batch);
+                }
+            }
             input.for_each_stamp(|at, data| {
                 let time = arrival_time(&at);
                 if time < replayed_below {
@@ -325,17 +337,6 @@ fn gate<'scope, D: Data>(
                     }
                 }
             });
-            while let Some(entry) = stash.first_entry() {
-                if limit.is_some_and(|l| *entry.key() >= l) {
-                    break;
-                }
-                let (time, batches) = entry.remove_entry();
-                let held = cap.as_ref().expect("stashed updates are held under the gate's capability").delayed(&time);
-                let mut session = output.session(&held);
-                for mut batch in batches {
-                    session.give_container(&mut batch);
-                }
-            }
             let frontier = frontiers[0].frontier().as_option().copied();
             let target = [frontier, limit, stash.keys().next().copied()].into_iter().flatten().min();
             match target {

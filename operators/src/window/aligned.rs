@@ -22,8 +22,9 @@ use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
 /// downstream, a sink's first rows) until all of its results are out.
 const FIRE_FUEL: usize = 100_000;
 
-/// The slots of a bucket being fired.
-type Slots<K, Acc, O> = <StateMap<(Timestamp, K), Slot<Acc, O>> as IntoIterator>::IntoIter;
+/// A bucket being fired: its windows' end, the time its results go out at,
+/// and the slots left.
+type Firing<K, Acc, O> = (Timestamp, Timestamp, <StateMap<(Timestamp, K), Slot<Acc, O>> as IntoIterator>::IntoIter);
 
 /// Per window and key: the accumulator and what was last emitted for it.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -190,7 +191,7 @@ where
         drop(initial_capabilities);
         let mut assigned: SmallVec<[Window; 4]> = SmallVec::new();
         // Windows being fired (without lateness): end, output time, slots left.
-        let mut firing: VecDeque<(Timestamp, Timestamp, Slots<K, A::Acc, A::Output>)> = VecDeque::new();
+        let mut firing: VecDeque<Firing<K, A::Acc, A::Output>> = VecDeque::new();
         move |frontiers| {
             let mut results = results_out.activate();
             let mut late = late_out.activate();

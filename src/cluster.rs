@@ -43,6 +43,49 @@ pub fn threads(config: &timely::Config) -> usize {
     }
 }
 
+/// How this process takes part in the checkpoints of a job of several
+/// processes, if `config` is one: process 0 coordinates at `coordinator`
+/// (`host:port`), by default process 0's host with its port + 1000.
+///
+/// ```
+/// let config = highwater::cluster::config_from_args(&["-n".into(), "2".into(), "-p".into(), "1".into()]).unwrap();
+/// let m = highwater::cluster::checkpoint_membership(&config, None).unwrap().unwrap();
+/// assert_eq!((m.process, m.processes, m.workers_per_process), (1, 2, 1));
+/// assert_eq!(m.coordinator, "localhost:3101");
+/// let single = highwater::cluster::config_from_args(&["-w".into(), "2".into()]).unwrap();
+/// assert!(highwater::cluster::checkpoint_membership(&single, None).unwrap().is_none());
+/// ```
+pub fn checkpoint_membership(
+    config: &timely::Config,
+    coordinator: Option<&str>,
+) -> Result<Option<crate::checkpoint::Membership>, ClusterError> {
+    let timely::CommunicationConfig::Cluster { threads, process, addresses, .. } = &config.communication else {
+        return Ok(None);
+    };
+    let err = |reason: String| ClusterError { args: Vec::new(), reason };
+    let coordinator = match coordinator {
+        Some(address) => address.to_owned(),
+        None => {
+            let first = addresses.first().ok_or_else(|| err("no process addresses".into()))?;
+            let (host, port) = first
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+                .ok_or_else(|| err(format!("process 0's address {first:?} is not host:port")))?;
+            let port = port
+                .checked_add(1000)
+                .ok_or_else(|| err(format!("process 0's port {port} + 1000 is not a port: give the coordinator")))?;
+            format!("{host}:{port}")
+        }
+    };
+    Ok(Some(crate::checkpoint::Membership {
+        process: *process,
+        processes: addresses.len(),
+        workers_per_process: *threads,
+        coordinator,
+        connect_timeout: std::time::Duration::from_secs(60),
+    }))
+}
+
 /// Runs `func` on every worker of `config`, like [`timely::execute`].
 ///
 /// While the processes of a cluster connect, timely prints its progress on

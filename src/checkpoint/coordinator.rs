@@ -4,13 +4,14 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::operators::checkpoint::{CheckpointId, Cut, Entry, Restored, StateStore};
 use crate::operators::{Timestamp, END_OF_TIME};
 
+use super::cluster::{self, Membership, Message, Peer, ProcessPart};
 use super::manifest::{Manifest, PartitionState, ShardInfo, SinkPart, FORMAT_VERSION};
 use super::store::{open_store, CheckpointStore};
 use super::{kill, shard, CheckpointConfig, CheckpointError};
@@ -72,6 +73,33 @@ struct State {
     written: Vec<CheckpointId>,
     final_written: bool,
     error: Option<String>,
+    // Across processes (see `cluster`):
+    /// Sources may not publish times above `max_published` (a cut is being chosen).
+    frozen: bool,
+    /// The coordinator's round choosing the next cut: its id, start, and the
+    /// processes' answers.
+    prepared: Option<(CheckpointId, Instant, BTreeMap<usize, Timestamp>)>,
+    /// Followers whose workers have built their dataflows (coordinator).
+    followers_built: BTreeSet<usize>,
+    /// Followers whose sources have all ended (coordinator).
+    followers_finished: BTreeSet<usize>,
+    /// This process's sources have all ended (and it said so).
+    sources_finished: bool,
+    /// Local workers that have taken an operator's snapshot, by cut and operator.
+    local_ops: BTreeMap<(CheckpointId, String), usize>,
+    /// Processes that have taken an operator's snapshot on all their workers (coordinator).
+    ops_done: BTreeMap<(CheckpointId, String), BTreeSet<usize>>,
+    /// Operators that have taken their snapshot on every worker of every process.
+    everywhere: BTreeSet<(CheckpointId, String)>,
+}
+
+/// Work for the checkpoint writer thread.
+#[derive(Debug)]
+enum Job {
+    /// This process's workers' shares of a cut.
+    Local(Collecting),
+    /// Another process's part of a checkpoint (coordinator).
+    Remote { process: usize, id: CheckpointId, part: ProcessPart },
 }
 
 /// Chunks of state entries by operator.
@@ -89,12 +117,23 @@ struct RestoredState {
 struct Inner {
     config: CheckpointConfig,
     store: Arc<dyn CheckpointStore>,
+    /// This process's workers.
     workers: usize,
+    /// The job's workers in all processes.
+    peers: usize,
+    /// The job's index of this process's first worker.
+    first_worker: usize,
+    /// This process's place in a job of several processes.
+    membership: Option<Membership>,
+    /// The other processes: the followers (coordinator), or the coordinator.
+    links: Vec<Peer>,
     restored: Option<RestoredState>,
     state: Mutex<State>,
+    /// Signalled when `frozen`, `in_flight` or `error` change.
+    changed: Condvar,
     /// One more than the id of the latest cut begun (0: none), for cheap checks.
     latest: AtomicU64,
-    jobs: Mutex<Option<mpsc::Sender<Collecting>>>,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
     /// Schedule the checkpointed operators and gates of every worker.
     wakers: Wakers,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -179,6 +218,26 @@ impl Checkpoints {
     /// (if the store holds none, the job starts afresh); without it, the store
     /// must not hold checkpoints already.
     pub fn open(config: CheckpointConfig, workers: usize) -> Result<Self, CheckpointError> {
+        Self::start(config, workers, None)
+    }
+
+    /// Starts checkpointing the part of a job that runs in this process, one
+    /// of several (see [`Membership`]): process 0 coordinates and chooses the
+    /// checkpoint to recover from, the others connect to it. Blocks until
+    /// every process has joined (or `membership.connect_timeout` has passed).
+    pub fn open_member(config: CheckpointConfig, membership: Membership) -> Result<Self, CheckpointError> {
+        if membership.processes <= 1 {
+            return Self::open(config, membership.workers_per_process);
+        }
+        let workers = membership.workers_per_process;
+        Self::start(config, workers, Some(membership))
+    }
+
+    fn start(
+        config: CheckpointConfig,
+        workers: usize,
+        membership: Option<Membership>,
+    ) -> Result<Self, CheckpointError> {
         if config.keep == 0 {
             return Err(CheckpointError::Config("keep must be at least 1".into()));
         }
@@ -186,101 +245,106 @@ impl Checkpoints {
             return Err(CheckpointError::Config("the interval must be positive".into()));
         }
         let store: Arc<dyn CheckpointStore> = Arc::from(open_store(&config.location)?);
+        let leads = membership.as_ref().is_none_or(Membership::leads);
+        let mut links = Vec::new();
+        let mut readers = Vec::new();
+        let manifest = if leads {
+            if let Some(m) = membership.as_ref() {
+                for (peer, reader) in cluster::accept(m)? {
+                    readers.push((peer.process, reader));
+                    links.push(peer);
+                }
+            }
+            let chosen = choose_checkpoint(&config, &*store);
+            let answer = match &chosen {
+                Ok(manifest) => Message::Welcome { restored: manifest.as_ref().map(|m| m.id) },
+                Err(e) => Message::Failed { error: e.to_string() },
+            };
+            for peer in &links {
+                let _ = peer.send(&answer);
+            }
+            chosen?
+        } else {
+            let m = membership.as_ref().expect("a follower has a membership");
+            let (peer, mut reader) = cluster::connect(m)?;
+            let what = format!("checkpoint coordinator {}", m.coordinator);
+            let answer =
+                cluster::receive(&mut reader).map_err(|source| CheckpointError::Io { what: what.clone(), source })?;
+            let manifest = match answer {
+                Some(Message::Welcome { restored: Some(id) }) => {
+                    let manifest = check(&*store, id)?;
+                    tracing::info!(id = manifest.id, time = manifest.time, "recovering from checkpoint");
+                    Some(manifest)
+                }
+                Some(Message::Welcome { restored: None }) => None,
+                Some(Message::Failed { error }) => return Err(CheckpointError::Failed(format!("process 0: {error}"))),
+                other => return Err(CheckpointError::Config(format!("{what}: expected a welcome, got {other:?}"))),
+            };
+            readers.push((0, reader));
+            links.push(peer);
+            manifest
+        };
         let mut restored = None;
         let mut next_id = 1;
-        if config.recover {
-            if let Some((manifest, rejected)) = latest_usable(&*store)? {
-                for reason in &rejected {
-                    tracing::warn!("skipping a damaged checkpoint: {reason}");
-                }
-                tracing::info!(id = manifest.id, time = manifest.time, "recovering from checkpoint");
-                let loading = Instant::now();
-                let entries = load_entries(&*store, &manifest)?;
-                let count: u64 = entries.values().flatten().map(|c| shard::chunk_entries(c)).sum();
-                tracing::info!(entries = count, elapsed = ?loading.elapsed(), "checkpoint state loaded");
-                next_id = manifest.id + 1;
-                restored = Some(RestoredState { manifest, entries });
-            } else {
-                tracing::info!(location = %store.describe(), "no checkpoint to recover from: starting afresh");
-            }
-        } else if !store.list()?.is_empty() {
-            return Err(CheckpointError::Config(format!(
-                "{} already holds checkpoints: pass --recover to resume from them, or use an empty directory",
-                store.describe()
-            )));
+        if let Some(manifest) = manifest {
+            let loading = Instant::now();
+            let entries = load_entries(&*store, &manifest)?;
+            let count: u64 = entries.values().flatten().map(|c| shard::chunk_entries(c)).sum();
+            tracing::info!(entries = count, elapsed = ?loading.elapsed(), "checkpoint state loaded");
+            next_id = manifest.id + 1;
+            restored = Some(RestoredState { manifest, entries });
         }
-        let _ = std::fs::remove_dir_all(store.staging());
-        let (tx, rx) = mpsc::channel::<Collecting>();
+        if leads {
+            // Others' staging directories are their own (shards are named by worker).
+            let _ = std::fs::remove_dir_all(store.staging());
+        }
+        let (tx, rx) = mpsc::channel::<Job>();
         let restored_time = restored.as_ref().map_or(0, |r: &RestoredState| r.manifest.time);
+        let peers = membership.as_ref().map_or(workers, Membership::peers);
+        let first_worker = membership.as_ref().map_or(0, Membership::first_worker);
         let inner = Arc::new(Inner {
             config,
             store,
             workers,
+            peers,
+            first_worker,
+            membership,
+            links,
             restored,
             // Cuts lie above the restored time, where the sources resume.
             state: Mutex::new(State { next_id, max_published: restored_time, ..State::default() }),
+            changed: Condvar::new(),
             wakers: Wakers::default(),
             latest: AtomicU64::new(0),
-            jobs: Mutex::new(Some(tx)),
+            jobs: Mutex::new(Some(tx.clone())),
             threads: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
         });
+        for (process, reader) in readers {
+            let (inner, tx) = (Arc::clone(&inner), tx.clone());
+            std::thread::Builder::new()
+                .name(format!("highwater-checkpoint-link-{process}"))
+                .spawn(move || listen(&inner, process, reader, &tx))
+                .map_err(|e| CheckpointError::Io { what: "starting a checkpoint link".into(), source: e })?;
+        }
+        drop(tx);
         let writer = {
             let inner = Arc::clone(&inner);
             std::thread::Builder::new()
                 .name("highwater-checkpoint-writer".into())
-                .spawn(move || {
-                    for job in rx {
-                        let id = job.cut.id;
-                        // After a failure no later checkpoint may be committed: its
-                        // sinks' parts would follow a gap.
-                        if lock(&inner.state).error.is_some() {
-                            continue;
-                        }
-                        let result = write_checkpoint(&inner, job);
-                        let mut state = lock(&inner.state);
-                        state.in_flight = state.in_flight.saturating_sub(1);
-                        match result {
-                            Ok(manifest) => {
-                                state.written.push(id);
-                                state.final_written |= manifest.is_final();
-                            }
-                            Err(e) => {
-                                tracing::error!("checkpoint {id} failed: {e}");
-                                fail(&inner, &mut state, format!("checkpoint {id}: {e}"));
-                            }
-                        }
-                    }
-                })
+                .spawn(move || write_loop(&inner, rx))
                 .map_err(|e| CheckpointError::Io { what: "starting the checkpoint writer".into(), source: e })?
         };
-        let timer = {
+        let mut threads = vec![writer];
+        if leads {
             let inner = Arc::clone(&inner);
-            std::thread::Builder::new()
+            let timer = std::thread::Builder::new()
                 .name("highwater-checkpoint-timer".into())
-                .spawn(move || {
-                    let mut last = Instant::now();
-                    while !inner.stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(Duration::from_millis(10));
-                        if last.elapsed() < inner.config.interval {
-                            continue;
-                        }
-                        let mut state = lock(&inner.state);
-                        let ready = state.built.len() == inner.workers
-                            && !state.final_announced
-                            && state.in_flight == 0
-                            && state.error.is_none()
-                            && !state.sources.is_empty();
-                        if ready {
-                            let time = state.max_published.saturating_add(1);
-                            announce(&inner, &mut state, time);
-                            last = Instant::now();
-                        }
-                    }
-                })
-                .map_err(|e| CheckpointError::Io { what: "starting the checkpoint timer".into(), source: e })?
-        };
-        inner.threads.lock().unwrap_or_else(|p| p.into_inner()).extend([writer, timer]);
+                .spawn(move || time_loop(&inner))
+                .map_err(|e| CheckpointError::Io { what: "starting the checkpoint timer".into(), source: e })?;
+            threads.push(timer);
+        }
+        inner.threads.lock().unwrap_or_else(|p| p.into_inner()).extend(threads);
         Ok(Checkpoints(inner))
     }
 
@@ -343,7 +407,20 @@ impl Checkpoints {
             return Err(e);
         }
         state.built.insert(worker);
+        if state.built.len() == self.0.workers {
+            if !self.leads() {
+                self.0.send_or_fail(&mut state, &Message::Built);
+            }
+            if state.sources.is_empty() || state.finished.len() == state.sources.len() {
+                sources_ended(&self.0, &mut state);
+            }
+        }
         Ok(())
+    }
+
+    /// Whether this process coordinates (it is the only one, or process 0).
+    fn leads(&self) -> bool {
+        self.0.leads()
     }
 
     /// Checks a dataflow recorded by [`probe`] before the workers start: every
@@ -372,6 +449,11 @@ impl Checkpoints {
     /// cut will lie above it.
     pub fn publish(&self, time: Timestamp) {
         let mut state = lock(&self.0.state);
+        // While the processes choose a cut, no source publishes beyond what
+        // its process has reported (a round trip on the network).
+        while state.frozen && time > state.max_published && state.error.is_none() {
+            state = self.0.changed.wait_timeout(state, Duration::from_millis(100)).unwrap_or_else(|p| p.into_inner()).0;
+        }
         state.max_published = state.max_published.max(time);
     }
 
@@ -385,13 +467,8 @@ impl Checkpoints {
     pub fn source_finished(&self, source: &str, worker: usize) {
         let mut state = lock(&self.0.state);
         state.finished.insert((source.to_owned(), worker));
-        if state.finished.len() == state.sources.len()
-            && !state.final_announced
-            && state.built.len() == self.0.workers
-            && state.error.is_none()
-        {
-            state.final_announced = true;
-            announce(&self.0, &mut state, END_OF_TIME);
+        if state.finished.len() == state.sources.len() && state.built.len() == self.0.workers {
+            sources_ended(&self.0, &mut state);
         }
     }
 
@@ -461,10 +538,14 @@ impl Checkpoints {
             return;
         }
         let c = state.collecting.remove(&id).expect("present above");
-        state.announced.retain(|cut| cut.id != id);
+        if self.0.membership.is_none() {
+            // Across processes the cut stays begun until the coordinator has
+            // written it: a gate waits for every process's operators.
+            state.announced.retain(|cut| cut.id != id);
+        }
         tracing::debug!(id, time = c.cut.time, elapsed = ?c.begun.elapsed(), "checkpoint collected");
         if let Some(tx) = self.0.jobs.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            let _ = tx.send(c);
+            let _ = tx.send(Job::Local(c));
         }
     }
 
@@ -492,14 +573,45 @@ impl Checkpoints {
 }
 
 /// Stops checkpointing after `error`: abandons the cuts begun (gates open,
-/// operators stop taking snapshots) and wakes everyone; [`Checkpoints::finish`]
-/// reports the error.
+/// operators stop taking snapshots), tells the other processes, and wakes
+/// everyone; [`Checkpoints::finish`] reports the error.
 fn fail(inner: &Inner, state: &mut State, error: String) {
+    if state.error.is_none() {
+        for peer in &inner.links {
+            let _ = peer.send(&Message::Failed { error: error.clone() });
+        }
+    }
     state.error.get_or_insert(error);
     state.announced.clear();
     state.collecting.clear();
     state.in_flight = 0;
+    state.frozen = false;
+    state.prepared = None;
+    inner.changed.notify_all();
     wake(inner);
+}
+
+impl Inner {
+    /// Whether this process coordinates (it is the only one, or process 0).
+    fn leads(&self) -> bool {
+        self.membership.as_ref().is_none_or(Membership::leads)
+    }
+
+    /// The number of processes of the job.
+    fn processes(&self) -> usize {
+        self.membership.as_ref().map_or(1, |m| m.processes)
+    }
+
+    /// Sends `message` to the coordinator (a follower's only link); failing
+    /// the checkpointing if it is gone.
+    fn send_or_fail(&self, state: &mut State, message: &Message) {
+        for peer in &self.links {
+            if let Err(e) = peer.send(message) {
+                fail(self, state, format!("lost the connection to process {}: {e}", peer.process));
+                return;
+            }
+        }
+    }
 }
 
 /// Schedules every checkpointed operator and gate.
@@ -509,11 +621,19 @@ fn wake(inner: &Inner) {
     }
 }
 
-/// Begins the cut `(next id, time)`.
+/// Begins the cut `(next id, time)` (the coordinator) and tells the other processes.
 fn announce(inner: &Inner, state: &mut State, time: Timestamp) {
-    let id = state.next_id;
-    state.next_id += 1;
-    let cut = Cut { id, time };
+    let cut = Cut { id: state.next_id, time };
+    begin(inner, state, cut);
+    inner.send_or_fail(state, &Message::Announce { cut });
+}
+
+/// Begins `cut`, announced here or by the coordinator.
+fn begin(inner: &Inner, state: &mut State, cut: Cut) {
+    let id = cut.id;
+    state.next_id = id + 1;
+    state.frozen = false;
+    state.final_announced |= cut.is_final();
     state.announced.push(cut);
     state.collecting.insert(
         id,
@@ -528,8 +648,321 @@ fn announce(inner: &Inner, state: &mut State, time: Timestamp) {
     );
     state.in_flight += 1;
     inner.latest.store(id + 1, Ordering::Release);
-    tracing::debug!(id, time, "checkpoint begun");
+    tracing::debug!(id, time = cut.time, "checkpoint begun");
+    inner.changed.notify_all();
     wake(inner);
+}
+
+/// This process's sources have all ended: a follower says so; the
+/// coordinator begins the final checkpoint once every process's have.
+fn sources_ended(inner: &Inner, state: &mut State) {
+    if state.sources_finished || state.error.is_some() {
+        return;
+    }
+    state.sources_finished = true;
+    if inner.leads() {
+        final_if_ended(inner, state);
+    } else {
+        inner.send_or_fail(state, &Message::SourcesFinished);
+    }
+}
+
+/// Begins the final checkpoint if every process's sources have ended.
+fn final_if_ended(inner: &Inner, state: &mut State) {
+    let others = inner.processes() - 1;
+    if state.sources_finished
+        && state.followers_finished.len() == others
+        && state.followers_built.len() == others
+        && !state.final_announced
+        && state.error.is_none()
+        && !state.sources.is_empty()
+    {
+        announce(inner, state, END_OF_TIME);
+    }
+}
+
+/// The newest usable checkpoint to recover from (with `config.recover`), or
+/// none; without `recover` the store must hold no checkpoint.
+fn choose_checkpoint(
+    config: &CheckpointConfig,
+    store: &dyn CheckpointStore,
+) -> Result<Option<Manifest>, CheckpointError> {
+    if !config.recover {
+        if !store.list()?.is_empty() {
+            return Err(CheckpointError::Config(format!(
+                "{} already holds checkpoints: pass --recover to resume from them, or use an empty directory",
+                store.describe()
+            )));
+        }
+        return Ok(None);
+    }
+    match latest_usable(store)? {
+        Some((manifest, rejected)) => {
+            for reason in &rejected {
+                tracing::warn!("skipping a damaged checkpoint: {reason}");
+            }
+            tracing::info!(id = manifest.id, time = manifest.time, "recovering from checkpoint");
+            Ok(Some(manifest))
+        }
+        None => {
+            tracing::info!(location = %store.describe(), "no checkpoint to recover from: starting afresh");
+            Ok(None)
+        }
+    }
+}
+
+/// The coordinator's timer: begins a cut every interval once every worker of
+/// every process is built and the previous checkpoint is written.
+fn time_loop(inner: &Inner) {
+    let mut last = Instant::now();
+    while !inner.stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(10));
+        let mut state = lock(&inner.state);
+        if let Some((id, since, _)) = &state.prepared {
+            if since.elapsed() > PREPARE_TIMEOUT {
+                let error = format!("checkpoint {id}: not every process reported its sources' time");
+                fail(inner, &mut state, error);
+            }
+            continue;
+        }
+        if last.elapsed() < inner.config.interval {
+            continue;
+        }
+        let others = inner.processes() - 1;
+        let ready = state.built.len() == inner.workers
+            && state.followers_built.len() == others
+            && !state.final_announced
+            && state.in_flight == 0
+            && state.error.is_none()
+            && !state.sources.is_empty();
+        if !ready {
+            continue;
+        }
+        last = Instant::now();
+        if others == 0 {
+            let time = state.max_published.saturating_add(1);
+            announce(inner, &mut state, time);
+        } else {
+            // Ask every process for its sources' latest time first.
+            let id = state.next_id;
+            state.frozen = true;
+            state.prepared = Some((id, Instant::now(), BTreeMap::new()));
+            for peer in &inner.links {
+                if let Err(e) = peer.send(&Message::Prepare { id }) {
+                    fail(inner, &mut state, format!("lost the connection to process {}: {e}", peer.process));
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// How long the coordinator waits for the processes' answers to a prepare.
+const PREPARE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a process waits, when it finishes, for the checkpoints begun to be written.
+const FINISH_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Handles the messages of the other process at the end of `reader`.
+fn listen(
+    inner: &Inner,
+    process: usize,
+    mut reader: std::io::BufReader<std::net::TcpStream>,
+    jobs: &mpsc::Sender<Job>,
+) {
+    loop {
+        let message = match cluster::receive(&mut reader) {
+            Ok(Some(message)) => message,
+            end => {
+                let mut state = lock(&inner.state);
+                let done = state.final_written || (inner.stop.load(Ordering::Relaxed) && state.in_flight == 0);
+                if !done && state.error.is_none() {
+                    let why = match end {
+                        Err(e) => e.to_string(),
+                        _ => "connection closed".into(),
+                    };
+                    fail(inner, &mut state, format!("process {process} is gone ({why})"));
+                }
+                return;
+            }
+        };
+        tracing::trace!(process, ?message, "checkpoint message");
+        let mut state = lock(&inner.state);
+        match message {
+            // From the followers, at the coordinator.
+            Message::Built => {
+                state.followers_built.insert(process);
+                final_if_ended(inner, &mut state);
+            }
+            Message::Prepared { id, max_published } => {
+                let others = inner.processes() - 1;
+                let complete = match state.prepared.as_mut() {
+                    Some((prepared, _, answers)) if *prepared == id => {
+                        answers.insert(process, max_published);
+                        answers.len() == others
+                    }
+                    _ => false,
+                };
+                if complete {
+                    let (_, _, answers) = state.prepared.take().expect("matched above");
+                    if state.final_announced || state.error.is_some() {
+                        state.frozen = false;
+                        inner.changed.notify_all();
+                    } else {
+                        let time = answers.values().fold(state.max_published, |a, b| a.max(*b)).saturating_add(1);
+                        announce(inner, &mut state, time);
+                    }
+                }
+            }
+            Message::OperatorDone { id, operator } => operator_done(inner, &mut state, process, id, operator),
+            Message::SourcesFinished => {
+                state.followers_finished.insert(process);
+                final_if_ended(inner, &mut state);
+            }
+            Message::ProcessDone { id, part } => {
+                let _ = jobs.send(Job::Remote { process, id, part });
+            }
+            // From the coordinator, at a follower.
+            Message::Prepare { id } => {
+                state.frozen = true;
+                let answer = Message::Prepared { id, max_published: state.max_published };
+                inner.send_or_fail(&mut state, &answer);
+            }
+            Message::Announce { cut } => {
+                if state.error.is_none() {
+                    begin(inner, &mut state, cut);
+                }
+            }
+            Message::Everywhere { id, operator } => {
+                state.everywhere.insert((id, operator));
+                wake(inner);
+            }
+            Message::Written { id, is_final } => written(inner, &mut state, id, is_final),
+            Message::Failed { error } => fail(inner, &mut state, format!("process {process}: {error}")),
+            Message::Hello { .. } | Message::Welcome { .. } => {
+                tracing::warn!(process, ?message, "unexpected checkpoint message");
+            }
+        }
+    }
+}
+
+/// All workers of `process` have taken `operator`'s snapshot for `id` (the
+/// coordinator counts; a follower reports its own).
+fn operator_done(inner: &Inner, state: &mut State, process: usize, id: CheckpointId, operator: String) {
+    if !inner.leads() {
+        inner.send_or_fail(state, &Message::OperatorDone { id, operator });
+        return;
+    }
+    let key = (id, operator);
+    let done = state.ops_done.entry(key.clone()).or_default();
+    done.insert(process);
+    if done.len() == inner.processes() {
+        state.ops_done.remove(&key);
+        let message = Message::Everywhere { id, operator: key.1.clone() };
+        state.everywhere.insert(key);
+        for peer in &inner.links {
+            let _ = peer.send(&message);
+        }
+        wake(inner);
+    }
+}
+
+/// Checkpoint `id` is written (and committed): it is over everywhere.
+fn written(inner: &Inner, state: &mut State, id: CheckpointId, is_final: bool) {
+    state.in_flight = state.in_flight.saturating_sub(1);
+    state.written.push(id);
+    state.final_written |= is_final;
+    state.announced.retain(|cut| cut.id != id);
+    state.everywhere.retain(|(cut, _)| *cut > id);
+    state.local_ops.retain(|(cut, _), _| *cut > id);
+    inner.changed.notify_all();
+    wake(inner);
+}
+
+/// The writer thread: writes this process's part of every collected
+/// checkpoint; the coordinator also writes the manifests, in order, once
+/// every process's part is in.
+fn write_loop(inner: &Inner, jobs: mpsc::Receiver<Job>) {
+    // Parts by checkpoint, with its cut and the start of its writing once
+    // this process's part is written (coordinator).
+    type Parts = BTreeMap<CheckpointId, (Option<(Cut, Instant)>, BTreeMap<usize, ProcessPart>)>;
+    let mut parts = Parts::new();
+    let process = inner.membership.as_ref().map_or(0, |m| m.process);
+    let mut stopping: Option<Instant> = None;
+    loop {
+        let job = match jobs.recv_timeout(Duration::from_millis(50)) {
+            Ok(job) => Some(job),
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => None,
+        };
+        if lock(&inner.state).error.is_some() {
+            // After a failure no later checkpoint may be committed: its
+            // sinks' parts would follow a gap.
+            if inner.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            continue;
+        }
+        match job {
+            Some(Job::Local(c)) => {
+                let (id, cut, started) = (c.cut.id, c.cut, Instant::now());
+                match write_part(inner, c) {
+                    Ok(part) if inner.leads() => {
+                        let entry = parts.entry(id).or_default();
+                        entry.0 = Some((cut, started));
+                        entry.1.insert(process, part);
+                    }
+                    Ok(part) => {
+                        let mut state = lock(&inner.state);
+                        inner.send_or_fail(&mut state, &Message::ProcessDone { id, part });
+                    }
+                    Err(e) => {
+                        tracing::error!("checkpoint {id} failed: {e}");
+                        fail(inner, &mut lock(&inner.state), format!("checkpoint {id}: {e}"));
+                    }
+                }
+            }
+            Some(Job::Remote { process, id, part }) => {
+                parts.entry(id).or_default().1.insert(process, part);
+            }
+            None => {}
+        }
+        // The coordinator writes the manifests of complete checkpoints, in order.
+        while let Some(entry) = parts.first_entry() {
+            let (cut, by_process) = entry.get();
+            let Some((cut, started)) = *cut else { break };
+            if by_process.len() < inner.processes() {
+                break;
+            }
+            let (_, by_process) = entry.remove();
+            let result = write_manifest(inner, cut, started, by_process.into_values().collect());
+            let mut state = lock(&inner.state);
+            match result {
+                Ok(manifest) => {
+                    written(inner, &mut state, cut.id, manifest.is_final());
+                    for peer in &inner.links {
+                        let _ = peer.send(&Message::Written { id: cut.id, is_final: manifest.is_final() });
+                    }
+                }
+                Err(e) => {
+                    tracing::error!("checkpoint {} failed: {e}", cut.id);
+                    fail(inner, &mut state, format!("checkpoint {}: {e}", cut.id));
+                }
+            }
+        }
+        if inner.stop.load(Ordering::Relaxed) && inner.membership.is_some() {
+            // Across processes: until every checkpoint begun is written.
+            let mut state = lock(&inner.state);
+            if state.in_flight == 0 || state.error.is_some() {
+                break;
+            }
+            let since = *stopping.get_or_insert_with(Instant::now);
+            if since.elapsed() > FINISH_TIMEOUT {
+                fail(inner, &mut state, format!("checkpoints begun were not written within {FINISH_TIMEOUT:?}"));
+                break;
+            }
+        }
+    }
 }
 
 /// The dataflow's fingerprint: its checkpointed operators on `worker`.
@@ -621,9 +1054,9 @@ fn load_entries(store: &dyn CheckpointStore, manifest: &Manifest) -> Result<Entr
     Ok(out)
 }
 
-/// Writes a collected checkpoint: shards, sink parts, manifest, commit, GC.
-fn write_checkpoint(inner: &Inner, c: Collecting) -> Result<Manifest, CheckpointError> {
-    let started = Instant::now();
+/// Writes this process's part of a collected checkpoint: its workers'
+/// shards (put into the store) and its sinks' prepared parts.
+fn write_part(inner: &Inner, c: Collecting) -> Result<ProcessPart, CheckpointError> {
     let id = c.cut.id;
     let store = &*inner.store;
     let staging = store.staging();
@@ -641,30 +1074,58 @@ fn write_checkpoint(inner: &Inner, c: Collecting) -> Result<Manifest, Checkpoint
         let files = store.put_shard(id, worker, &local)?;
         shards.push(ShardInfo { worker, entries, files });
     }
-    let committers = lock(&inner.state).committers.clone();
-    let committer = |sink: &str| {
-        committers.get(sink).cloned().ok_or_else(|| CheckpointError::Failed(format!("sink {sink} has no committer")))
-    };
     let mut sinks = Vec::new();
     for (_, submission) in c.sinks {
         let part = submission.part.as_ref().map(|(bytes, rows)| (bytes.as_slice(), *rows));
-        let mut prepared = committer(&submission.sink)?.prepare(id, part)?;
+        let mut prepared = committer(inner, &submission.sink)?.prepare(id, part)?;
         prepared.sink = submission.sink;
         sinks.push(prepared);
     }
-    let mut sources = c.sources;
+    Ok(ProcessPart { shards, sources: c.sources, sinks })
+}
+
+/// The committer of `sink` (registered in this process).
+fn committer(inner: &Inner, sink: &str) -> Result<Arc<dyn SinkCommitter>, CheckpointError> {
+    lock(&inner.state)
+        .committers
+        .get(sink)
+        .cloned()
+        .ok_or_else(|| CheckpointError::Failed(format!("sink {sink} has no committer in this process")))
+}
+
+/// Completes checkpoint `cut` from every process's part, begun at `started`:
+/// writes the manifest, commits the sinks, collects garbage.
+fn write_manifest(
+    inner: &Inner,
+    cut: Cut,
+    started: Instant,
+    parts: Vec<ProcessPart>,
+) -> Result<Manifest, CheckpointError> {
+    let id = cut.id;
+    let store = &*inner.store;
+    let mut shards = Vec::new();
+    let mut sinks = Vec::new();
+    let mut sources: BTreeMap<String, Vec<PartitionState>> = BTreeMap::new();
+    for part in parts {
+        shards.extend(part.shards);
+        sinks.extend(part.sinks);
+        for (source, partitions) in part.sources {
+            sources.entry(source).or_default().extend(partitions);
+        }
+    }
+    shards.sort_by_key(|s| s.worker);
     for partitions in sources.values_mut() {
         partitions.sort_by_key(|p| p.partition);
     }
     let manifest = Manifest {
         format_version: FORMAT_VERSION,
         id,
-        time: c.cut.time,
+        time: cut.time,
         fingerprint: {
             let state = lock(&inner.state);
-            fingerprint(&state, 0)
+            fingerprint(&state, inner.first_worker)
         },
-        workers: inner.workers,
+        workers: inner.peers,
         created_unix_ms: now_ms(),
         sources,
         shards,
@@ -673,7 +1134,7 @@ fn write_checkpoint(inner: &Inner, c: Collecting) -> Result<Manifest, Checkpoint
     store.put_manifest(id, &manifest.to_bytes())?;
     kill::point("sink-commit");
     for part in &manifest.sinks {
-        committer(&part.sink)?.commit(part)?;
+        committer(inner, &part.sink)?.commit(part)?;
     }
     tracing::info!(
         id,
@@ -736,7 +1197,7 @@ impl StateStore for WorkerStore {
     fn restored(&self, operator: &str) -> Option<Restored> {
         let restored = self.checkpoints.0.restored.as_ref()?;
         let chunks = restored.entries.get(operator).cloned().unwrap_or_default();
-        Some(Restored::new(chunks, self.worker, self.checkpoints.0.workers))
+        Some(Restored::new(chunks, self.worker, self.checkpoints.0.peers))
     }
 
     fn restored_time(&self) -> Option<Timestamp> {
@@ -749,6 +1210,12 @@ impl StateStore for WorkerStore {
 
     fn submitted_everywhere(&self, operator: &str, cut: CheckpointId) -> bool {
         let state = lock(&self.checkpoints.0.state);
+        if self.checkpoints.0.membership.is_some() {
+            // Until written, a cut stays begun; the coordinator says when.
+            return state.everywhere.contains(&(cut, operator.to_owned()))
+                || state.written.contains(&cut)
+                || state.error.is_some();
+        }
         match state.collecting.get(&cut) {
             Some(c) => c.operators.iter().filter(|(_, name, _)| name == operator).count() == self.checkpoints.0.workers,
             // Collected: everyone has submitted.
@@ -758,9 +1225,19 @@ impl StateStore for WorkerStore {
 
     fn submit(&self, operator: &str, cut: Cut, entries: Vec<Entry>, pause: Duration) {
         tracing::debug!(operator, worker = self.worker, id = cut.id, entries = entries.len(), ?pause, "snapshot taken");
-        let mut state = lock(&self.checkpoints.0.state);
+        let inner = &self.checkpoints.0;
+        let mut state = lock(&inner.state);
         if let Some(c) = state.collecting.get_mut(&cut.id) {
             c.operators.push((self.worker, operator.to_owned(), entries));
+        }
+        if inner.membership.is_some() {
+            let key = (cut.id, operator.to_owned());
+            let count = state.local_ops.entry(key).or_insert(0);
+            *count += 1;
+            if *count == inner.workers {
+                let process = inner.membership.as_ref().map_or(0, |m| m.process);
+                operator_done(inner, &mut state, process, cut.id, operator.to_owned());
+            }
         }
         self.checkpoints.try_complete(&mut state, cut.id);
     }

@@ -42,6 +42,7 @@
 //! - Checkpoints are supported within one process (any number of worker
 //!   threads); a multi-process run (`-n` > 1) with checkpoints is refused.
 
+pub mod cluster;
 mod coordinator;
 pub mod kill;
 pub mod manifest;
@@ -51,6 +52,7 @@ pub mod store;
 
 use std::time::Duration;
 
+pub use cluster::Membership;
 pub use coordinator::{
     check, latest_usable, probe, Attached, Checkpoints, DataflowProbe, SinkCommitter, SinkSubmission, WorkerStore,
 };

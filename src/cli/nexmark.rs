@@ -104,6 +104,10 @@ pub(super) struct NexmarkArgs {
     /// afresh if there is none).
     #[arg(long, requires = "checkpoint_dir")]
     recover: bool,
+    /// With several processes (-n): where process 0 coordinates the
+    /// checkpoints (HOST:PORT; default: process 0's host, its port + 1000).
+    #[arg(long, requires = "checkpoint_dir")]
+    checkpoint_coordinator: Option<String>,
     /// Exactly-once output: a directory of committed CSV part files
     /// (`part-{checkpoint}.csv`, each with the header row), one per checkpoint.
     #[arg(long, requires = "checkpoint_dir", conflicts_with_all = ["output", "discard"])]
@@ -293,18 +297,22 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     let config = crate::cluster::config_from_args(&args.timely)?;
     let checkpoints = match &args.checkpoint_dir {
         Some(location) => {
-            if matches!(config.communication, timely::CommunicationConfig::Cluster { .. }) {
-                bail!("--checkpoint-dir: checkpoints are supported within one process (-w), not across processes (-n)");
-            }
+            let membership = crate::cluster::checkpoint_membership(&config, args.checkpoint_coordinator.as_deref())
+                .context("--checkpoint-coordinator")?;
+            // Sinks write on worker 0, in process 0, which commits them.
+            let process = membership.as_ref().map_or(0, |m| m.process);
             let checkpoint_config = CheckpointConfig {
                 location: location.clone(),
                 interval: Duration::from_millis(args.checkpoint_interval.0.max(1)),
                 keep: args.checkpoints_kept,
                 recover: args.recover,
             };
-            let checkpoints = Checkpoints::open(checkpoint_config, crate::cluster::threads(&config))
-                .with_context(|| format!("opening the checkpoints in {location}"))?;
-            if let Some(postgres) = PostgresOutput::from_args(&args) {
+            let checkpoints = match membership {
+                Some(membership) => Checkpoints::open_member(checkpoint_config, membership),
+                None => Checkpoints::open(checkpoint_config, crate::cluster::threads(&config)),
+            }
+            .with_context(|| format!("opening the checkpoints in {location}"))?;
+            if let Some(postgres) = PostgresOutput::from_args(&args).filter(|_| process == 0) {
                 // Before the workers start (an error while they build the
                 // dataflow would leave the others waiting): check the settings,
                 // connect, create the tables, and recover the sink (commit the
@@ -315,7 +323,7 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
                 let committer = PostgresCommitter::connect("Output", &config).context("--output-postgres")?;
                 checkpoints.register_sink("Output", 0, Arc::new(committer)).context("--output-postgres")?;
             }
-            if let Some(dir) = args.output_dir.as_ref() {
+            if let Some(dir) = args.output_dir.as_ref().filter(|_| process == 0) {
                 // Likewise for the part files: recovered before the workers start.
                 let committer = Arc::new(PartFiles::new(dir.clone()));
                 checkpoints.register_sink("Output", 0, committer).context("--output-dir")?;

@@ -21,7 +21,7 @@ use crate::nexmark::{
 };
 use crate::operators::{EventStream, Timestamp};
 use crate::sink::{
-    write, write_json_lines, write_lines, write_parts, write_postgres, LineTarget, PartFiles, Placement,
+    write, write_json_lines, write_lines, write_parts, write_postgres, LineTarget, PartFiles, PartFormat, Placement,
     PostgresCommitter, PostgresSinkConfig, Sink, SinkError, SinkHandle, SinkMode,
 };
 use crate::source::{read, JsonLines, MemorySource, SourceMetrics, SourceOptions, SourceStreams};
@@ -110,6 +110,8 @@ pub(super) struct NexmarkArgs {
     checkpoint_coordinator: Option<String>,
     /// Exactly-once output: a directory of committed CSV part files
     /// (`part-{checkpoint}.csv`, each with the header row), one per checkpoint.
+    /// An updating query's parts hold its changelog: each row with a last
+    /// column `diff` (1 inserted, -1 retracted).
     #[arg(long, requires = "checkpoint_dir", conflicts_with_all = ["output", "discard"])]
     output_dir: Option<PathBuf>,
     /// Exactly-once output to a PostgreSQL table: a connection string
@@ -436,7 +438,13 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
             let handle = match (&output, query.0) {
                 _ if output_dir.is_some() => {
                     let (dir, ck) = (output_dir.clone().expect("matched"), ck.as_ref().expect("required by clap"));
-                    write_parts(&rows, "Output", dir, Some(header), ck)?
+                    // An updating result (or one corrected by late records) as its changelog.
+                    let format = if out.kind == QueryKind::Updating || query_options.allowed_lateness > 0 {
+                        PartFormat::Changelog
+                    } else {
+                        PartFormat::Rows
+                    };
+                    write_parts(&rows, "Output", dir, Some(header), format, ck)?
                 }
                 _ if output_postgres.is_some() => {
                     let postgres = output_postgres.as_ref().expect("matched");

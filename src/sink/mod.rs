@@ -26,7 +26,7 @@ pub use self::postgres::{
 pub use collect::{collect, Collected};
 pub use csv::{csv_field, CsvRow};
 pub use lines::{write_json_lines, write_lines, LineSink, LineTarget, SinkMode};
-pub use parts::{write_parts, PartFiles};
+pub use parts::{write_parts, PartFiles, PartFormat};
 
 /// An error writing to a sink: what failed and on which output.
 #[derive(Debug, thiserror::Error)]

@@ -28,14 +28,16 @@ use crate::checkpoint::{CheckpointError, Checkpoints, SinkCommitter, SinkPart, S
 /// stream's lines ordered by time, whatever the checkpoint times were: the
 /// same bytes for a run that crashed and recovered as for one that did not.
 ///
-/// Lines go to worker 0, which writes the parts. A retraction (negative diff)
-/// cannot be applied to appended output and is counted in the handle's
-/// `unapplied_retractions`.
+/// Lines go to worker 0, which writes the parts. In [`PartFormat::Rows`] a
+/// retraction (negative diff) cannot be applied to appended output and is
+/// counted in the handle's `unapplied_retractions`; an updating stream is
+/// written as a [`PartFormat::Changelog`].
 pub fn write_parts(
     stream: &EventStream<'_, String>,
     name: &str,
     dir: PathBuf,
     header: Option<String>,
+    format: PartFormat,
     checkpoints: &Checkpoints,
 ) -> Result<SinkHandle, CheckpointError> {
     let handle = SinkHandle::default();
@@ -75,17 +77,30 @@ pub fn write_parts(
             let mut bytes = Vec::new();
             if let Some(header) = header.as_ref() {
                 bytes.extend_from_slice(header.as_bytes());
+                if format == PartFormat::Changelog {
+                    bytes.extend_from_slice(b",diff");
+                }
                 bytes.push(b'\n');
             }
             let mut count = 0u64;
             for (_, _, line, diff) in rows {
-                if diff < 0 {
-                    h.unapplied_retractions.add(diff.unsigned_abs());
-                }
-                for _ in 0..diff.max(0) {
-                    bytes.extend_from_slice(line.as_bytes());
-                    bytes.push(b'\n');
-                    count += 1;
+                match format {
+                    PartFormat::Changelog => {
+                        if diff != 0 {
+                            bytes.extend_from_slice(format!("{line},{diff}\n").as_bytes());
+                            count += 1;
+                        }
+                    }
+                    PartFormat::Rows => {
+                        if diff < 0 {
+                            h.unapplied_retractions.add(diff.unsigned_abs());
+                        }
+                        for _ in 0..diff.max(0) {
+                            bytes.extend_from_slice(line.as_bytes());
+                            bytes.push(b'\n');
+                            count += 1;
+                        }
+                    }
                 }
             }
             h.lines.add(count);
@@ -95,6 +110,18 @@ pub fn write_parts(
         }
     });
     Ok(handle)
+}
+
+/// How [`write_parts`] writes a stream's lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PartFormat {
+    /// One line per inserted row: for append-only streams.
+    Rows,
+    /// Every change as the line with its diff as a last column (`diff`,
+    /// `1` for an insertion, `-1` for a retraction): for updating streams.
+    /// Summing the diffs per line over the parts, in name order or any
+    /// other, gives the stream's table.
+    Changelog,
 }
 
 /// Commits the part files of [`write_parts`]: pending in `dir/.pending`,

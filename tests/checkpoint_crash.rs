@@ -171,9 +171,8 @@ fn crash_loop(
     dir: &Path,
     (expected, span): &(String, Duration),
     kills: usize,
-    workers: &[usize],
+    (workers, ordered): (&[usize], bool),
     rng: &mut Rng,
-    ordered: bool,
 ) {
     let span = span.as_millis() as u64;
     let mut done = 0;
@@ -256,14 +255,14 @@ fn random_kills_of_q5_q8_and_sessions_leave_exactly_the_uninterrupted_output() {
     // q5 (sliding and tumbling windows) from a file, at a steady 2 workers.
     let file = Input::File(events_file(&scratch.0, 1_000_000));
     let expected = reference("q5", &file, &scratch.0);
-    crash_loop("q5", &file, &scratch.0, &expected, each, &[2], &mut rng, true);
+    crash_loop("q5", &file, &scratch.0, &expected, each, (&[2], true), &mut rng);
     // q8 (two tumbling windows and an interval join) from the generator, rescaled 2 → 1 → 2 …
     let generated = Input::Generator(20_000_000);
     let expected = reference("q8", &generated, &scratch.0);
-    crash_loop("q8", &generated, &scratch.0, &expected, each, &[2, 1], &mut rng, true);
+    crash_loop("q8", &generated, &scratch.0, &expected, each, (&[2, 1], true), &mut rng);
     // q11 (session windows), rescaled 1 → 2 → 1 …
     let expected = reference("q11", &generated, &scratch.0);
-    crash_loop("q11", &generated, &scratch.0, &expected, kills - 2 * each, &[1, 2], &mut rng, true);
+    crash_loop("q11", &generated, &scratch.0, &expected, kills - 2 * each, (&[1, 2], true), &mut rng);
 }
 
 /// Runs `job` on `workers` workers until it kills itself at `point`.
@@ -424,7 +423,7 @@ fn every_query_recovers_from_a_kill() {
         // the source's partitions interleave (in uninterrupted runs too). So
         // rows are compared in order for windowed queries only.
         let ordered = windowed.contains(&query);
-        crash_loop(query, &generated, &scratch.0, &expected, 1, &[2, 1], &mut rng, ordered);
+        crash_loop(query, &generated, &scratch.0, &expected, 1, (&[2, 1], ordered), &mut rng);
     }
 }
 

@@ -9,7 +9,7 @@ use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
 use timely::dataflow::operators::generic::OutputBuilder;
 
 use crate::aggregate::Aggregate;
-use crate::checkpoint::{decode, encode, Checkpointer};
+use crate::checkpoint::{decode, encode, Checkpointer, Whereabouts};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::stream::{EventStream, Update};
@@ -143,7 +143,16 @@ impl<'scope, D: Data> EventStream<'scope, D> {
             drop(initial_capabilities);
             // Keys changed at the time being applied, with their result before it.
             let mut dirty: Vec<(K, Option<A::Output>)> = Vec::new();
+            // The table while a background thread serializes it for a checkpoint.
+            let mut away = None;
             move |frontiers| {
+                if let Some(c) = checkpointer.as_ref() {
+                    match c.returned(&mut away) {
+                        Whereabouts::Home => {}
+                        Whereabouts::Away => return,
+                        Whereabouts::Back((t, p)) => (table, pending) = (t, p),
+                    }
+                }
                 let mut output = output.activate();
                 input.for_each_stamp(|cap, data| {
                     let arrived = arrival_time(&cap);
@@ -191,8 +200,14 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                 }
                 hold.settle(None);
                 if let Some(c) = checkpointer.as_ref() {
-                    while let Some(cut) = c.due(watermark) {
-                        c.snapshot(cut, || snapshot(&table, &pending));
+                    match c.due(watermark) {
+                        // The input has ended (no gate holds it): done in place.
+                        Some(cut) if cut.is_final() => c.snapshot(cut, || snapshot(&table, &pending)),
+                        Some(cut) => {
+                            let taken = (std::mem::take(&mut table), std::mem::take(&mut pending));
+                            away = Some(c.snapshot_away(cut, taken, |(t, p)| snapshot(t, p)));
+                        }
+                        None => {}
                     }
                 }
             }

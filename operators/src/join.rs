@@ -9,7 +9,7 @@ use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
 use timely::dataflow::operators::generic::OutputBuilder;
 
 use crate::aggregate::Collect;
-use crate::checkpoint::{decode, encode, Checkpointer, Entry};
+use crate::checkpoint::{decode, encode, Checkpointer, Entry, Whereabouts};
 use crate::key::{route, Data, Key, StateMap};
 use crate::late::{Counter, LateOutput};
 use crate::stream::{EventStream, Update};
@@ -352,7 +352,16 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                 });
             }
 
+            // Both sides while a background thread serializes them for a checkpoint.
+            let mut away = None;
             move |frontiers| {
+                if let Some(c) = checkpointer.as_ref() {
+                    match c.returned(&mut away) {
+                        Whereabouts::Home => {}
+                        Whereabouts::Away => return,
+                        Whereabouts::Back((l, r)) => (lefts, rights) = (l, r),
+                    }
+                }
                 let mut results = results_out.activate();
                 let mut late_l = late_left_out.activate();
                 let mut late_r = late_right_out.activate();
@@ -435,17 +444,28 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                     rights.clear();
                 }
                 if let Some(c) = checkpointer.as_ref() {
-                    while let Some(cut) = c.due(left_watermark.min(right_watermark)) {
-                        c.snapshot(cut, || {
-                            let mut entries: Vec<Entry> = Vec::with_capacity(lefts.len() + rights.len());
-                            for (k, held) in lefts.iter() {
-                                entries.push((route(k), encode(&Sided::<_, _, ()>::Left(k, held))));
-                            }
-                            for (k, held) in rights.iter() {
-                                entries.push((route(k), encode(&Sided::<_, (), _>::Right(k, held))));
-                            }
-                            entries
-                        });
+                    let snapshot = |(lefts, rights): &(StateMap<K, _>, StateMap<K, _>)| {
+                        let mut entries: Vec<Entry> = Vec::with_capacity(lefts.len() + rights.len());
+                        for (k, held) in lefts.iter() {
+                            entries.push((route(k), encode(&Sided::<_, _, ()>::Left(k, held))));
+                        }
+                        for (k, held) in rights.iter() {
+                            entries.push((route(k), encode(&Sided::<_, (), _>::Right(k, held))));
+                        }
+                        entries
+                    };
+                    match c.due(left_watermark.min(right_watermark)) {
+                        // The inputs have ended (no gate holds them): done in place.
+                        Some(cut) if cut.is_final() => {
+                            let both = (std::mem::take(&mut lefts), std::mem::take(&mut rights));
+                            c.snapshot(cut, || snapshot(&both));
+                            (lefts, rights) = both;
+                        }
+                        Some(cut) => {
+                            let both = (std::mem::take(&mut lefts), std::mem::take(&mut rights));
+                            away = Some(c.snapshot_away(cut, both, snapshot));
+                        }
+                        None => {}
                     }
                 }
             }

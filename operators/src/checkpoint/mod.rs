@@ -204,6 +204,28 @@ pub(crate) struct Checkpointer {
     store: Rc<dyn StateStore>,
     shared: Rc<Shared>,
     name: String,
+    /// Schedules the operator from another thread (its state coming back).
+    waker: Option<timely::scheduling::SyncActivator>,
+}
+
+/// An operator's state, handed to a background thread to be serialized at a
+/// cut ([`Checkpointer::snapshot_away`]).
+pub(crate) struct Away<S> {
+    cut: Cut,
+    /// The time the worker spent handing it over.
+    pause: std::time::Duration,
+    back: std::sync::mpsc::Receiver<(S, Vec<Entry>, std::time::Duration)>,
+}
+
+/// Where an operator's state is while a snapshot may be taken of it.
+pub(crate) enum Whereabouts<S> {
+    /// With the operator.
+    Home,
+    /// Being serialized: the operator waits (its gates hold its input back
+    /// anyway until its snapshot is taken on every worker).
+    Away,
+    /// Serialized and handed over: the operator takes it back.
+    Back(S),
 }
 
 impl Checkpointer {
@@ -215,7 +237,7 @@ impl Checkpointer {
             gates: RefCell::new(Vec::new()),
             name: RefCell::new(String::new()),
         });
-        Some(Checkpointer { store, shared, name: String::new() })
+        Some(Checkpointer { store, shared, name: String::new(), waker: None })
     }
 
     /// Gates `stream`, one of the operator's inputs (build the gates before the operator).
@@ -228,10 +250,70 @@ impl Checkpointer {
         self.name = format!("{name}@{address:?}");
         self.store.register(&self.name);
         let activator = scope.worker().sync_activator_for(address.to_vec());
+        self.waker = Some(activator.clone());
         self.store.on_cut(Box::new(move || {
             let _ = activator.activate();
         }));
         *self.shared.name.borrow_mut() = self.name.clone();
+    }
+
+    /// Takes the state as of `cut` without pausing the worker: `state` is
+    /// moved to a background thread, which `serialize`s it and hands it back;
+    /// [`returned`](Self::returned) submits the entries and gives the state
+    /// back. Meanwhile the operator must leave its input alone (nothing
+    /// reaches it: its gates hold back what is at or after the cut, and all
+    /// that was before it has been received) and the worker runs its other
+    /// operators.
+    pub(crate) fn snapshot_away<S, F>(&self, cut: Cut, state: S, serialize: F) -> Away<S>
+    where
+        S: Send + 'static,
+        F: FnOnce(&S) -> Vec<Entry> + Send + 'static,
+    {
+        let started = std::time::Instant::now();
+        let (tx, back) = std::sync::mpsc::sync_channel(1);
+        let waker = self.waker.clone();
+        std::thread::Builder::new()
+            .name("highwater-snapshot".into())
+            .spawn(move || {
+                let serializing = std::time::Instant::now();
+                let entries = serialize(&state);
+                let _ = tx.send((state, entries, serializing.elapsed()));
+                if let Some(w) = waker {
+                    let _ = w.activate();
+                }
+            })
+            .expect("starting a snapshot thread");
+        Away { cut, pause: started.elapsed(), back }
+    }
+
+    /// Where the state handed away (if any) is; when it is back, its entries
+    /// have been submitted and the gates opened.
+    ///
+    /// # Panics
+    /// If the thread serializing it panicked.
+    pub(crate) fn returned<S>(&self, away: &mut Option<Away<S>>) -> Whereabouts<S> {
+        let Some(a) = away.as_ref() else { return Whereabouts::Home };
+        match a.back.try_recv() {
+            Ok((state, entries, serializing)) => {
+                let a = away.take().expect("matched above");
+                tracing::debug!(operator = %self.name, id = a.cut.id, ?serializing, "state serialized in the background");
+                self.submitted(a.cut, entries, a.pause);
+                Whereabouts::Back(state)
+            }
+            Err(std::sync::mpsc::TryRecvError::Empty) => Whereabouts::Away,
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                panic!("serializing {}'s state for checkpoint {} failed", self.name, a.cut.id)
+            }
+        }
+    }
+
+    /// Hands over the entries of `cut` and opens the gates.
+    fn submitted(&self, cut: Cut, entries: Vec<Entry>, pause: std::time::Duration) {
+        self.store.submit(&self.name, cut, entries, pause);
+        self.shared.done.set(Some(cut.id));
+        for gate in self.shared.gates.borrow().iter() {
+            gate.activate();
+        }
     }
 
     /// The state restored for this worker, with the time it was taken at.
@@ -250,11 +332,7 @@ impl Checkpointer {
     pub(crate) fn snapshot(&self, cut: Cut, snapshot: impl FnOnce() -> Vec<Entry>) {
         let started = std::time::Instant::now();
         let entries = snapshot();
-        self.store.submit(&self.name, cut, entries, started.elapsed());
-        self.shared.done.set(Some(cut.id));
-        for gate in self.shared.gates.borrow().iter() {
-            gate.activate();
-        }
+        self.submitted(cut, entries, started.elapsed());
     }
 }
 

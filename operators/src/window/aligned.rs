@@ -10,7 +10,7 @@ use timely::dataflow::operators::InputCapability;
 
 use super::{skeleton, AssignWindows, Skeleton, Window, WindowResult, Windowed};
 use crate::aggregate::Aggregate;
-use crate::checkpoint::{decode, encode, Entry, Restored};
+use crate::checkpoint::{decode, encode, Entry, Restored, Whereabouts};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::stream::EventStream;
@@ -192,7 +192,16 @@ where
         let mut assigned: SmallVec<[Window; 4]> = SmallVec::new();
         // Windows being fired (without lateness): end, output time, slots left.
         let mut firing: VecDeque<Firing<K, A::Acc, A::Output>> = VecDeque::new();
+        // The state while a background thread serializes it for a checkpoint.
+        let mut away = None;
         move |frontiers| {
+            if let Some(c) = checkpointer.as_ref() {
+                match c.returned(&mut away) {
+                    Whereabouts::Home => {}
+                    Whereabouts::Away => return,
+                    Whereabouts::Back(back) => state = back,
+                }
+            }
             let mut results = results_out.activate();
             let mut late = late_out.activate();
 
@@ -302,8 +311,14 @@ where
             }
             hold.settle(None);
             if let Some(c) = checkpointer.as_ref().filter(|_| firing.is_empty()) {
-                while let Some(cut) = c.due(watermark) {
-                    c.snapshot(cut, || state.snapshot());
+                if let Some(cut) = c.due(watermark) {
+                    if cut.is_final() {
+                        // The input has ended (no gate holds it): done in place.
+                        c.snapshot(cut, || state.snapshot());
+                    } else {
+                        let taken = std::mem::replace(&mut state, State::new());
+                        away = Some(c.snapshot_away(cut, taken, State::snapshot));
+                    }
                 }
             }
         }

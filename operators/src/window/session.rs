@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use super::{skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
 use crate::aggregate::Aggregate;
-use crate::checkpoint::{decode, encode};
+use crate::checkpoint::{decode, encode, Entry, Whereabouts};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::stream::{EventStream, Update};
@@ -145,8 +145,17 @@ where
         drop(initial_capabilities);
         let mut retired: Vec<Sess<A::Acc, A::Output>> = Vec::new();
         let mut firing: Vec<(Timestamp, ResultUpdate<K, A::Output>)> = Vec::new();
+        // The sessions while a background thread serializes them for a checkpoint.
+        let mut away = None;
 
         move |frontiers| {
+            if let Some(c) = checkpointer.as_ref() {
+                match c.returned(&mut away) {
+                    Whereabouts::Home => {}
+                    Whereabouts::Away => return,
+                    Whereabouts::Back(back) => keys = back,
+                }
+            }
             let mut results = results_out.activate();
             let mut late = late_out.activate();
 
@@ -281,8 +290,14 @@ where
                 hold.settle(None);
             }
             if let Some(c) = checkpointer.as_ref() {
-                while let Some(cut) = c.due(watermark) {
-                    c.snapshot(cut, || keys.iter().map(|(k, state)| (route(k), encode(&(k, state)))).collect());
+                let entries = |keys: &StateMap<K, KeyState<A::Acc, A::Output>>| -> Vec<Entry> {
+                    keys.iter().map(|(k, state)| (route(k), encode(&(k, state)))).collect()
+                };
+                match c.due(watermark) {
+                    // The input has ended (no gate holds it): done in place.
+                    Some(cut) if cut.is_final() => c.snapshot(cut, || entries(&keys)),
+                    Some(cut) => away = Some(c.snapshot_away(cut, std::mem::take(&mut keys), entries)),
+                    None => {}
                 }
             }
         }

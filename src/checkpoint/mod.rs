@@ -8,10 +8,20 @@
 //! - each source notes, per partition, the offset and watermark at which its
 //!   output time first reached `T`: everything it emitted below `T` came from
 //!   before those offsets, everything after from beyond them;
-//! - each checkpointable operator's input passes through a gate that holds
-//!   back updates at or above `T`, so the operator's frontier stops at `T`:
-//!   it fires what `T` completes and hands over its state as of `T`
-//!   (see [`highwater_operators::checkpoint`]); the gate then opens;
+//! - each stateful operator's input passes through a gate that holds back
+//!   updates at or above `T`, so the operator's frontier stops at `T`: it
+//!   fires what `T` completes and hands over its state as of `T` (see
+//!   [`highwater_operators::checkpoint`]); the gate then opens. The large
+//!   states (windows, aggregations by key, joins, collections) are moved to
+//!   a background thread that serializes them and hands them back, so the
+//!   worker runs its other operators meanwhile; the operator itself has
+//!   nothing to do until its gate opens;
+//! - a differential collection (`EventStream::as_collection`) is
+//!   checkpointed where it enters differential dataflow: its accumulation as
+//!   of `T`. On recovery it is replayed, and the arrangements downstream
+//!   (joins, reductions, table–table joins) are rebuilt from it; what they
+//!   derive below `T` was committed before and is dropped by the gates and
+//!   the exactly-once sinks;
 //! - each exactly-once sink sets aside its output below `T` as a part.
 //!
 //! Once every worker's operators, sources and sinks have handed in their
@@ -30,17 +40,31 @@
 //! job may recover with a different number of workers. Sources resume at
 //! the checkpoint's offsets and watermarks, operators at its time.
 //!
+//! # Several processes
+//! A job spread over processes (timely's `-n`) checkpoints as one: process 0
+//! coordinates the others over TCP ([`cluster`], [`Checkpoints::open_member`]),
+//! every process writes its own workers' shards into the shared store, and
+//! process 0 writes the manifest once every process has reported its part.
+//! A checkpoint taken by any number of processes and workers recovers on any
+//! other layout.
+//!
 //! # Limits
 //! - A cut completes when the sources' watermarks pass its time: while every
 //!   source is stalled (no records, no watermark progress) no new checkpoint
 //!   completes. Nothing is lost meanwhile: recovery replays from the last one.
-//! - The operators' state is serialized on the worker thread at the cut (a
-//!   copy, ~60 ns per entry); only writing it out is asynchronous.
+//! - Count and global windows, tables, as-of joins and CEP serialize their
+//!   state on the worker thread at the cut (~60 ns per entry); the others in
+//!   the background (see above).
 //! - A recovered run equals an uninterrupted one when lateness decisions do
 //!   not depend on processing time (records late only with respect to their
-//!   own partition's watermark), as in an uninterrupted run repeated.
-//! - Checkpoints are supported within one process (any number of worker
-//!   threads); a multi-process run (`-n` > 1) with checkpoints is refused.
+//!   own partition's watermark), as in an uninterrupted run repeated. Rows of
+//!   windows go out at their windows' last millisecond, so the committed
+//!   output is the same bytes; rows of unwindowed joins and aggregations go
+//!   out at the times their records travel at, which depend on how source
+//!   partitions interleave (in uninterrupted runs too): the same rows, their
+//!   order within a time may differ.
+//! - The store must be shared by all the processes of a job (S3, or a
+//!   directory they all see).
 
 pub mod cluster;
 mod coordinator;

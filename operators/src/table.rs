@@ -57,7 +57,7 @@ use timely::dataflow::channels::pact::{Exchange, Pipeline};
 use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
 use timely::dataflow::operators::generic::OutputBuilder;
 
-use crate::checkpoint::{decode, encode, Checkpointer, Entry, Restored};
+use crate::checkpoint::{decode, encode, Checkpointer, Entry, Restored, Whereabouts};
 use crate::collection::from_collection;
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
@@ -192,7 +192,17 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
                     tables.insert(k, history);
                 });
             }
+            // The histories while a background thread serializes them for a
+            // checkpoint (the compaction schedule stays).
+            let mut away = None;
             move |frontiers| {
+                if let Some(c) = checkpointer.as_ref() {
+                    match c.returned(&mut away) {
+                        Whereabouts::Home => {}
+                        Whereabouts::Away => return,
+                        Whereabouts::Back(back) => tables = back,
+                    }
+                }
                 let mut log = log_out.activate();
                 let mut late = late_out.activate();
                 input.for_each_stamp(|cap, data| {
@@ -292,8 +302,14 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
                     }
                 }
                 if let Some(c) = checkpointer.as_ref() {
-                    while let Some(cut) = c.due(watermark) {
-                        c.snapshot(cut, || tables.iter().map(|(k, h)| (route(k), encode(&(k, h)))).collect());
+                    let snapshot = |tables: &StateMap<K, History<V>>| -> Vec<Entry> {
+                        tables.iter().map(|(k, h)| (route(k), encode(&(k, h)))).collect()
+                    };
+                    match c.due(watermark) {
+                        // The input has ended (no gate holds it): done in place.
+                        Some(cut) if cut.is_final() => c.snapshot(cut, || snapshot(&tables)),
+                        Some(cut) => away = Some(c.snapshot_away(cut, std::mem::take(&mut tables), snapshot)),
+                        None => {}
                     }
                 }
             }
@@ -339,7 +355,14 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
     /// With checkpoints on, each worker's part of the served state (the rows
     /// and the changes not yet applied) is checkpointed by key, and restored
     /// on recovery: the table's changelog before the cut is not replayed.
-    pub fn serve(&self, reader: &TableReader<K, V>) {
+    ///
+    /// The keys and values must be `Sync`, as queries read them from other
+    /// threads (a checkpoint's snapshot too, which is taken in the background).
+    pub fn serve(&self, reader: &TableReader<K, V>)
+    where
+        K: Sync,
+        V: Sync,
+    {
         let shard = Arc::new(RwLock::new(Shard { rows: StateMap::default(), pending: BTreeMap::new() }));
         let scope = self.changelog.scope();
         let index = scope.index();
@@ -362,12 +385,21 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
                     shard.restore(&entries);
                 }
             }
+            // A snapshot being serialized in the background, under a read lock
+            // of the shard (queries read it meanwhile; the operator waits).
+            let mut away = None;
             move |frontiers| {
-                let Ok(mut shard) = shard.write() else { return };
+                if let Some(c) = checkpointer.as_ref() {
+                    match c.returned(&mut away) {
+                        Whereabouts::Home | Whereabouts::Back(()) => {}
+                        Whereabouts::Away => return,
+                    }
+                }
+                let Ok(mut guard) = shard.write() else { return };
                 input.for_each_stamp(|_cap, data| {
                     for batch in data {
                         for (kv, time, diff) in batch.drain(..) {
-                            shard.pending.entry(time).or_default().push((kv, diff));
+                            guard.pending.entry(time).or_default().push((kv, diff));
                         }
                     }
                 });
@@ -375,20 +407,34 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
                 // that the shards together always hold one state of the table.
                 let watermark = watermark_of(&frontiers[0]);
                 let applied = reader.post(index, watermark);
-                while let Some(entry) = shard.pending.first_entry() {
+                while let Some(entry) = guard.pending.first_entry() {
                     if *entry.key() >= applied {
                         break;
                     }
                     for ((k, v), diff) in entry.remove() {
-                        bump(shard.rows.entry(k.clone()).or_default(), v, diff);
-                        if shard.rows.get(&k).is_some_and(|values| values.is_empty()) {
-                            shard.rows.remove(&k);
+                        bump(guard.rows.entry(k.clone()).or_default(), v, diff);
+                        if guard.rows.get(&k).is_some_and(|values| values.is_empty()) {
+                            guard.rows.remove(&k);
                         }
                     }
                 }
                 if let Some(c) = checkpointer.as_ref() {
-                    while let Some(cut) = c.due(watermark) {
-                        c.snapshot(cut, || shard.snapshot());
+                    match c.due(watermark) {
+                        // The input has ended (no gate holds it): done in place.
+                        Some(cut) if cut.is_final() => c.snapshot(cut, || guard.snapshot()),
+                        Some(cut) => {
+                            // The shard stays readable by queries: the background thread
+                            // reads it under a read lock (taken once this activation
+                            // lets go of the write lock), and the operator leaves it alone
+                            // until the snapshot is back.
+                            drop(guard);
+                            let shard = Arc::clone(&shard);
+                            let serialize = move |_: &()| {
+                                shard.read().unwrap_or_else(std::sync::PoisonError::into_inner).snapshot()
+                            };
+                            away = Some(c.snapshot_away(cut, (), serialize));
+                        }
+                        None => {}
                     }
                 }
             }
@@ -624,6 +670,10 @@ impl<V: PartialEq> Versioned<V> {
     }
 }
 
+/// What a checkpoint of an as-of join serializes: the table's versions by
+/// key, and the events waiting for the table's watermark, with their diffs.
+type AsOfState<K, V, D> = (StateMap<K, Versioned<V>>, Pending<(D, Diff)>);
+
 /// A checkpoint entry of an as-of join: a key's table versions, or an event
 /// waiting for the table's watermark (its time, the event, its diff and the
 /// time its result goes out at).
@@ -853,7 +903,17 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                 });
             }
             drop(initial_capabilities);
+            // The versions and waiting events while a background thread serializes
+            // them for a checkpoint (the compaction schedule stays).
+            let mut away = None;
             move |frontiers| {
+                if let Some(c) = checkpointer.as_ref() {
+                    match c.returned(&mut away) {
+                        Whereabouts::Home => {}
+                        Whereabouts::Away => return,
+                        Whereabouts::Back((v, w)) => (versions, waiting) = (v, w),
+                    }
+                }
                 let mut results = results_out.activate();
                 let mut late = late_out.activate();
                 table_in.for_each_stamp(|_cap, data| {
@@ -939,18 +999,38 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                     }
                 }
                 if let Some(c) = checkpointer.as_ref() {
-                    while let Some(cut) = c.due(table_watermark.min(stream_watermark)) {
-                        c.snapshot(cut, || {
-                            let mut entries: Vec<Entry> = Vec::with_capacity(versions.len());
-                            for (k, versioned) in versions.iter() {
-                                entries.push((route(k), encode(&AsOfEntry::<_, _, ()>::Versions(k, versioned))));
-                            }
-                            for (t, (record, diff), emit_at) in waiting.iter() {
-                                let entry = AsOfEntry::<(), (), _>::Waiting(t, record, *diff, emit_at);
-                                entries.push((route(&key(record)), encode(&entry)));
-                            }
-                            entries
-                        });
+                    // The versions by key, and the waiting events given their routes
+                    // (in the order they wait).
+                    let snapshot = |(versions, waiting): &AsOfState<K, V, D>, routes: Vec<u64>| -> Vec<Entry> {
+                        let mut entries: Vec<Entry> = Vec::with_capacity(versions.len() + routes.len());
+                        for (k, versioned) in versions.iter() {
+                            entries.push((route(k), encode(&AsOfEntry::<_, _, ()>::Versions(k, versioned))));
+                        }
+                        for ((t, (record, diff), emit_at), route) in waiting.iter().zip(routes) {
+                            let entry = AsOfEntry::<(), (), _>::Waiting(t, record, *diff, emit_at);
+                            entries.push((route, encode(&entry)));
+                        }
+                        entries
+                    };
+                    // The key function stays here (it need not be `Send`): the waiting
+                    // events are routed now, the rest is serialized where it is taken.
+                    let routes = |waiting: &Pending<(D, Diff)>| -> Vec<u64> {
+                        waiting.iter().map(|(_, (record, _), _)| route(&key(record))).collect()
+                    };
+                    match c.due(table_watermark.min(stream_watermark)) {
+                        // The inputs have ended (no gate holds them): done in place.
+                        Some(cut) if cut.is_final() => {
+                            let both = (std::mem::take(&mut versions), std::mem::take(&mut waiting));
+                            c.snapshot(cut, || snapshot(&both, routes(&both.1)));
+                            (versions, waiting) = both;
+                        }
+                        Some(cut) => {
+                            let routes = routes(&waiting);
+                            let both = (std::mem::take(&mut versions), std::mem::take(&mut waiting));
+                            let serialize = move |both: &_| snapshot(both, routes);
+                            away = Some(c.snapshot_away(cut, both, serialize));
+                        }
+                        None => {}
                     }
                 }
             }

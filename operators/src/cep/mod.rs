@@ -535,6 +535,10 @@ impl<'scope, E: Data> EventStream<'scope, E> {
                     }
                 }
                 hold.settle(None);
+                // Taken in place, pausing the worker, unlike the other operators'
+                // snapshots: a key's partial matches share the events they took
+                // through `Rc` links (`nfa::Node`), which cannot go to a background
+                // thread.
                 if let Some(c) = checkpointer.as_ref() {
                     while let Some(cut) = c.due(watermark) {
                         c.snapshot(cut, || {

@@ -7,7 +7,7 @@ use timely::dataflow::operators::{Capability, InputCapability};
 
 use super::{skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
 use crate::aggregate::Aggregate;
-use crate::checkpoint::{decode, encode, Entry};
+use crate::checkpoint::{decode, encode, Entry, Whereabouts};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::stream::{EventStream, Update};
@@ -108,6 +108,10 @@ impl<D, O> KeyState<D, O> {
 /// any), and its records waiting for the watermark, as `(event time, record)`.
 type KeyEntry<K, D, O> = (K, Option<KeyState<D, O>>, Vec<(Timestamp, D)>);
 
+/// What a checkpoint serializes: the keys' records and windows, and the
+/// records waiting for the watermark.
+type Snapshotted<K, D, O> = (StateMap<K, KeyState<D, O>>, Pending<D>);
+
 /// Records waiting until the watermark passes their event time, so that they
 /// can be taken in event-time order, which a checkpoint can list by key and a
 /// recovery can put back. Shared by the count and global windows.
@@ -192,12 +196,22 @@ impl<D> Pending<D> {
         self.by_time.first_key_value().map(|(t, _)| *t)
     }
 
-    /// The waiting records grouped by `key`, each with its event time.
-    pub(super) fn by_key<K: Key>(&self, key: impl Fn(&D) -> K) -> StateMap<K, Vec<(Timestamp, &D)>> {
+    /// The keys of the waiting records, in the order [`by_key`](Self::by_key)
+    /// takes them: computed on the worker, as key functions need not be `Send`,
+    /// before the records go to a background thread to be serialized.
+    pub(super) fn keys<K>(&self, key: impl Fn(&D) -> K) -> Vec<K> {
+        self.by_time.values().flat_map(|(records, _)| records.iter().map(&key)).collect()
+    }
+
+    /// The waiting records grouped by key, each with its event time, given
+    /// their [`keys`](Self::keys).
+    pub(super) fn by_key<K: Key>(&self, keys: Vec<K>) -> StateMap<K, Vec<(Timestamp, &D)>> {
+        let mut keys = keys.into_iter();
         let mut grouped: StateMap<K, Vec<(Timestamp, &D)>> = StateMap::default();
         for (time, (records, _)) in &self.by_time {
             for record in records {
-                grouped.entry(key(record)).or_default().push((*time, record));
+                let k = keys.next().expect("a key per waiting record");
+                grouped.entry(k).or_default().push((*time, record));
             }
         }
         grouped
@@ -300,8 +314,17 @@ where
         drop(initial_capabilities);
         let mut out = Vec::new();
         let mut emitted = Vec::new();
+        // The records and windows while a background thread serializes them for a checkpoint.
+        let mut away = None;
 
         move |frontiers| {
+            if let Some(c) = checkpointer.as_ref() {
+                match c.returned(&mut away) {
+                    Whereabouts::Home => {}
+                    Whereabouts::Away => return,
+                    Whereabouts::Back((k, w)) => (keys, waiting) = (k, w),
+                }
+            }
             let mut results = results_out.activate();
             let mut late = late_out.activate();
 
@@ -392,19 +415,35 @@ where
                 hold.settle(None);
             }
             if let Some(c) = checkpointer.as_ref() {
-                while let Some(cut) = c.due(watermark) {
-                    c.snapshot(cut, || {
-                        let mut held = waiting.by_key(|d| key(d));
-                        let mut entries: Vec<Entry> = Vec::with_capacity(keys.len() + held.len());
-                        for (k, state) in keys.iter() {
-                            let records = held.remove(k).unwrap_or_default();
-                            entries.push((route(k), encode(&(k, Some(state), records))));
-                        }
-                        for (k, records) in held {
-                            entries.push((route(&k), encode(&(&k, None::<&KeyState<D, A::Output>>, records))));
-                        }
-                        entries
-                    });
+                // Each key's records and emitted windows, and its records waiting
+                // for the watermark (given their keys, in the order they wait).
+                let snapshot = |(keys, waiting): &Snapshotted<K, D, A::Output>, held_keys: Vec<K>| -> Vec<Entry> {
+                    let mut held = waiting.by_key(held_keys);
+                    let mut entries: Vec<Entry> = Vec::with_capacity(keys.len() + held.len());
+                    for (k, state) in keys.iter() {
+                        let records = held.remove(k).unwrap_or_default();
+                        entries.push((route(k), encode(&(k, Some(state), records))));
+                    }
+                    for (k, records) in held {
+                        entries.push((route(&k), encode(&(&k, None::<&KeyState<D, A::Output>>, records))));
+                    }
+                    entries
+                };
+                match c.due(watermark) {
+                    // The input has ended (no gate holds it): done in place.
+                    Some(cut) if cut.is_final() => {
+                        let both = (std::mem::take(&mut keys), std::mem::take(&mut waiting));
+                        c.snapshot(cut, || snapshot(&both, both.1.keys(|d| key(d))));
+                        (keys, waiting) = both;
+                    }
+                    Some(cut) => {
+                        // The key function stays here (it need not be `Send`): the
+                        // waiting records' keys are taken now, the rest in the background.
+                        let held_keys = waiting.keys(|d| key(d));
+                        let both = (std::mem::take(&mut keys), std::mem::take(&mut waiting));
+                        away = Some(c.snapshot_away(cut, both, move |both| snapshot(both, held_keys)));
+                    }
+                    None => {}
                 }
             }
         }

@@ -9,7 +9,7 @@ use serde::{de::DeserializeOwned, Serialize};
 use super::count::Pending;
 use super::{skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
 use crate::aggregate::Aggregate;
-use crate::checkpoint::{decode, encode, Entry};
+use crate::checkpoint::{decode, encode, Entry, Whereabouts};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::stream::{EventStream, Update};
@@ -234,6 +234,10 @@ type KeyWindowOf<D, T, A> = KeyWindow<<A as Aggregate<D>>::Acc, <T as Trigger<D>
 /// next processing-time firing's window).
 type KeyEntry<K, W, D> = (K, Option<W>, Vec<(Timestamp, D)>, u64);
 
+/// What a checkpoint serializes (with the last period): the keys' windows,
+/// and the records waiting for the watermark.
+type Snapshotted<K, W, D> = (StateMap<K, W>, Pending<D>);
+
 impl<D: Data + Ord, T: Trigger<D>> WindowSpec<D> for GlobalWindows<T> {
     fn aggregate_core<'scope, K, KF, A>(
         self,
@@ -371,7 +375,18 @@ where
             timer: None,
         };
 
+        // The windows and waiting records while a background thread serializes
+        // them for a checkpoint (the timers stay: the windows carry them too).
+        let mut away = None;
+
         move |frontiers| {
+            if let Some(c) = checkpointer.as_ref() {
+                match c.returned(&mut away) {
+                    Whereabouts::Home => {}
+                    Whereabouts::Away => return,
+                    Whereabouts::Back((w, p)) => (windows, waiting) = (w, p),
+                }
+            }
             let mut results = results_out.activate();
             let mut late = late_out.activate();
 
@@ -516,20 +531,40 @@ where
                 .filter(|t| *t < END_OF_TIME);
             hold.settle(floor);
             if let Some(c) = checkpointer.as_ref() {
-                while let Some(cut) = c.due(watermark) {
-                    c.snapshot(cut, || {
-                        let mut held = waiting.by_key(|d| key(d));
-                        let mut entries: Vec<Entry> = Vec::with_capacity(windows.len() + held.len());
-                        for (k, w) in windows.iter() {
-                            let records = held.remove(k).unwrap_or_default();
-                            entries.push((route(k), encode(&(k, Some(w), records, last_period))));
-                        }
-                        for (k, records) in held {
-                            let none = None::<&KeyWindowOf<D, T, A>>;
-                            entries.push((route(&k), encode(&(&k, none, records, last_period))));
-                        }
-                        entries
-                    });
+                // Each key's window, its records waiting for the watermark (given
+                // their keys, in the order they wait), and the last period.
+                let snapshot = |(windows, waiting): &Snapshotted<K, KeyWindowOf<D, T, A>, D>,
+                                held_keys: Vec<K>,
+                                last_period: u64|
+                 -> Vec<Entry> {
+                    let mut held = waiting.by_key(held_keys);
+                    let mut entries: Vec<Entry> = Vec::with_capacity(windows.len() + held.len());
+                    for (k, w) in windows.iter() {
+                        let records = held.remove(k).unwrap_or_default();
+                        entries.push((route(k), encode(&(k, Some(w), records, last_period))));
+                    }
+                    for (k, records) in held {
+                        let none = None::<&KeyWindowOf<D, T, A>>;
+                        entries.push((route(&k), encode(&(&k, none, records, last_period))));
+                    }
+                    entries
+                };
+                match c.due(watermark) {
+                    // The input has ended (no gate holds it): done in place.
+                    Some(cut) if cut.is_final() => {
+                        let both = (std::mem::take(&mut windows), std::mem::take(&mut waiting));
+                        c.snapshot(cut, || snapshot(&both, both.1.keys(|d| key(d)), last_period));
+                        (windows, waiting) = both;
+                    }
+                    Some(cut) => {
+                        // The key function stays here (it need not be `Send`): the
+                        // waiting records' keys are taken now, the rest in the background.
+                        let held_keys = waiting.keys(|d| key(d));
+                        let both = (std::mem::take(&mut windows), std::mem::take(&mut waiting));
+                        let serialize = move |both: &_| snapshot(both, held_keys, last_period);
+                        away = Some(c.snapshot_away(cut, both, serialize));
+                    }
+                    None => {}
                 }
             }
         }

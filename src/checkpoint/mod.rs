@@ -11,10 +11,9 @@
 //! - each stateful operator's input passes through a gate that holds back
 //!   updates at or above `T`, so the operator's frontier stops at `T`: it
 //!   fires what `T` completes and hands over its state as of `T` (see
-//!   [`highwater_operators::checkpoint`]); the gate then opens. The large
-//!   states (windows, aggregations by key, joins, collections) are moved to
-//!   a background thread that serializes them and hands them back, so the
-//!   worker runs its other operators meanwhile; the operator itself has
+//!   [`highwater_operators::checkpoint`]); the gate then opens. The state is
+//!   moved to a background thread that serializes it and hands it back, so
+//!   the worker runs its other operators meanwhile; the operator itself has
 //!   nothing to do until its gate opens;
 //! - a differential collection (`EventStream::as_collection`) is
 //!   checkpointed where it enters differential dataflow: its accumulation as
@@ -52,9 +51,9 @@
 //! - A cut completes when the sources' watermarks pass its time: while every
 //!   source is stalled (no records, no watermark progress) no new checkpoint
 //!   completes. Nothing is lost meanwhile: recovery replays from the last one.
-//! - Count and global windows, tables, as-of joins and CEP serialize their
-//!   state on the worker thread at the cut (~60 ns per entry); the others in
-//!   the background (see above).
+//! - CEP pattern matching serializes its partial matches on the worker thread
+//!   at the cut (~60 ns per entry: they share `Rc` nodes, which cannot move
+//!   to another thread); every other operator in the background.
 //! - A recovered run equals an uninterrupted one when lateness decisions do
 //!   not depend on processing time (records late only with respect to their
 //!   own partition's watermark), as in an uninterrupted run repeated. Rows of

@@ -782,6 +782,14 @@ fn listen(
                         _ => "connection closed".into(),
                     };
                     fail(inner, &mut state, format!("process {process} is gone ({why})"));
+                    if state.built.len() < inner.workers {
+                        // The workers are not running yet: this process waits in
+                        // timely's connection to its peers, which retries forever.
+                        eprintln!(
+                            "error: checkpointing: process {process} is gone ({why}) before the job started; exiting"
+                        );
+                        std::process::exit(1);
+                    }
                 }
                 return;
             }

@@ -363,11 +363,23 @@ where
                 }
             }
 
+            // A cut this source has not passed yet: its partitions behind the
+            // cut's time read on even without credit. The cut completes only
+            // once they pass it, and until then the records the others read
+            // wait at the checkpoint gates, using up the credit.
+            let behind_cut = checkpoints
+                .as_ref()
+                .and_then(|c| c.cut_after(reported))
+                .map(|cut| cut.time)
+                .filter(|time| *time > *held.time() && *time != END_OF_TIME);
             let mut any_data = false;
-            if may_read {
+            if may_read || behind_cut.is_some() {
                 let mut events = events_out.activate();
                 let mut dead = dead_out.activate();
                 for partition in open.iter_mut() {
+                    if !may_read && behind_cut.is_none_or(|time| partition.watermark.current() >= time) {
+                        continue;
+                    }
                     // The batch goes out at the partition's watermark before it.
                     let emit_at = (*held.time()).max(partition.watermark.current());
                     // With checkpoints: where the partition stood before this batch.

@@ -758,3 +758,57 @@ fn a_follower_that_cannot_reach_the_coordinator_fails_with_a_clear_error() {
         .unwrap_or(0);
     assert_eq!(parts, 0, "process 1 alone wrote output");
 }
+
+/// A process whose sources all end early (here: the only generator partition
+/// is read by process 0's worker, process 1 has none) must not hold the
+/// other processes back: its ended source follows the cuts, so checkpoints
+/// complete while process 0 still reads, not only the final one.
+#[test]
+fn a_process_without_partitions_does_not_stall_the_cuts() {
+    let _serial = serial();
+    let scratch = Scratch::new("cluster", "idle-process");
+    let events = "20000000";
+    let ports = free_ports(2);
+    let hosts = scratch.0.join("hosts.txt");
+    std::fs::write(&hosts, format!("127.0.0.1:{}\n127.0.0.1:{}\n", ports[0], ports[1])).unwrap();
+    let (checkpoints, output) = (scratch.0.join("checkpoints"), scratch.0.join("out"));
+    let procs = (0..2)
+        .map(|process| {
+            let log = scratch.0.join(format!("p{process}.log"));
+            let child = Command::new(BIN)
+                .args(["nexmark", "--query", "q5", "--events", events, "--partitions", "1", "--checkpoint-dir"])
+                .arg(&checkpoints)
+                .args(["--checkpoint-interval", "200ms", "--output-dir"])
+                .arg(&output)
+                .args(["--", "-w", "1", "-n", "2", "-p", &process.to_string(), "-h"])
+                .arg(&hosts)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(File::create(&log).unwrap()))
+                .spawn()
+                .unwrap();
+            Proc { child, log, status: None, label: format!("process {process}"), process }
+        })
+        .collect();
+    let mut cluster = Cluster { procs, started: Instant::now(), layout: TWO_PROCESSES };
+    cluster.wait_success(RUN_TIMEOUT);
+    let mut parts: Vec<PathBuf> = std::fs::read_dir(&output)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+        .collect();
+    parts.sort();
+    assert!(parts.len() >= 3, "only {} parts: the cuts waited for the end of the input", parts.len());
+    let mut rows: Vec<String> = parts
+        .iter()
+        .flat_map(|p| std::fs::read_to_string(p).unwrap().lines().skip(1).map(str::to_owned).collect::<Vec<_>>())
+        .collect();
+    rows.sort();
+    let plain =
+        Command::new(BIN).args(["nexmark", "-q", "q5", "--events", events, "--partitions", "1"]).output().unwrap();
+    assert!(plain.status.success());
+    let mut expected: Vec<String> =
+        String::from_utf8(plain.stdout).unwrap().lines().skip(1).map(str::to_owned).collect();
+    expected.sort();
+    assert_eq!(rows, expected, "the committed rows differ from the plain run's");
+}

@@ -633,6 +633,12 @@ fn begin(inner: &Inner, state: &mut State, cut: Cut) {
     let id = cut.id;
     state.next_id = id + 1;
     state.frozen = false;
+    if !cut.is_final() {
+        // The cut lies above every time published in any process: sources
+        // here that have ended may hold their capability up to it (see
+        // `horizon`), or the other processes' operators could not reach it.
+        state.max_published = state.max_published.max(cut.time - 1);
+    }
     state.final_announced |= cut.is_final();
     state.announced.push(cut);
     state.collecting.insert(

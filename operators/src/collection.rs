@@ -13,7 +13,7 @@ use timely::dataflow::operators::generic::Operator;
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::checkpoint::{decode, encode, Checkpointer, Entry, Whereabouts};
+use crate::checkpoint::{decode, encode, Checkpointer, Entry};
 use crate::key::{route, Data};
 use crate::stream::EventStream;
 use crate::time::{arrival_time, watermark_of, Diff, Timestamp};
@@ -153,10 +153,8 @@ fn checkpointed<'scope, D: Data>(
             // The accumulation while a background thread serializes it for a checkpoint.
             let mut away = None;
             move |(input, frontier), output| {
-                match checkpointer.returned(&mut away) {
-                    Whereabouts::Home => {}
-                    Whereabouts::Away => return,
-                    Whereabouts::Back(back) => state = back,
+                if !checkpointer.home(&mut away, |back| state = back) {
+                    return;
                 }
                 if let Some(cap) = initial.take() {
                     let mut updates = std::mem::take(&mut replay).into_iter().peekable();
@@ -181,14 +179,9 @@ fn checkpointed<'scope, D: Data>(
                 });
                 let watermark = watermark_of(frontier);
                 state.advance(watermark);
-                match checkpointer.due(watermark) {
-                    // The input has ended (no gate holds it): done in place.
-                    Some(cut) if cut.is_final() => checkpointer.snapshot(cut, || state.snapshot()),
-                    Some(cut) => {
-                        let taken = std::mem::take(&mut state);
-                        away = Some(checkpointer.snapshot_away(cut, taken, Accumulation::snapshot));
-                    }
-                    None => {}
+                if let Some(cut) = checkpointer.due(watermark) {
+                    let taken = std::mem::take(&mut state);
+                    away = Some(checkpointer.snapshot_away(cut, taken, Accumulation::snapshot));
                 }
             }
         })

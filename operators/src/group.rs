@@ -4,12 +4,11 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use timely::container::CapacityContainerBuilder;
-use timely::dataflow::channels::pact::Exchange;
 use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
 use timely::dataflow::operators::generic::OutputBuilder;
 
 use crate::aggregate::Aggregate;
-use crate::checkpoint::{decode, encode, Checkpointer, Whereabouts};
+use crate::checkpoint::{decode, encode, keyed_input, Checkpointer};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::stream::{EventStream, Update};
@@ -104,9 +103,9 @@ impl<'scope, D: Data> EventStream<'scope, D> {
     {
         let key = Rc::new(key);
         let key_route = Rc::clone(&key);
-        let pact = Exchange::new(move |u: &Update<D>| route(&key_route(&u.0)));
         let mut checkpointer = Checkpointer::new();
-        let input_stream = checkpointer.as_ref().map_or_else(|| self.clone(), |c| c.gate(self));
+        let (input_stream, pact) =
+            keyed_input(checkpointer.as_ref(), self, move |u: &Update<D>| route(&key_route(&u.0)));
         let scope = self.scope();
         let mut builder = OperatorBuilder::new(name.to_owned(), scope);
         if let Some(c) = checkpointer.as_mut() {
@@ -146,12 +145,8 @@ impl<'scope, D: Data> EventStream<'scope, D> {
             // The table while a background thread serializes it for a checkpoint.
             let mut away = None;
             move |frontiers| {
-                if let Some(c) = checkpointer.as_ref() {
-                    match c.returned(&mut away) {
-                        Whereabouts::Home => {}
-                        Whereabouts::Away => return,
-                        Whereabouts::Back((t, p)) => (table, pending) = (t, p),
-                    }
+                if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |(t, p)| (table, pending) = (t, p))) {
+                    return;
                 }
                 let mut output = output.activate();
                 input.for_each_stamp(|cap, data| {
@@ -200,14 +195,9 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                 }
                 hold.settle(None);
                 if let Some(c) = checkpointer.as_ref() {
-                    match c.due(watermark) {
-                        // The input has ended (no gate holds it): done in place.
-                        Some(cut) if cut.is_final() => c.snapshot(cut, || snapshot(&table, &pending)),
-                        Some(cut) => {
-                            let taken = (std::mem::take(&mut table), std::mem::take(&mut pending));
-                            away = Some(c.snapshot_away(cut, taken, |(t, p)| snapshot(t, p)));
-                        }
-                        None => {}
+                    if let Some(cut) = c.due(watermark) {
+                        let taken = (std::mem::take(&mut table), std::mem::take(&mut pending));
+                        away = Some(c.snapshot_away(cut, taken, |(t, p)| snapshot(t, p)));
                     }
                 }
             }

@@ -4,12 +4,11 @@ use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 
 use timely::container::CapacityContainerBuilder;
-use timely::dataflow::channels::pact::Exchange;
 use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
 use timely::dataflow::operators::generic::OutputBuilder;
 
 use crate::aggregate::Collect;
-use crate::checkpoint::{decode, encode, Checkpointer, Entry, Whereabouts};
+use crate::checkpoint::{decode, encode, keyed_input, Checkpointer, Entry};
 use crate::key::{route, Data, Key, StateMap};
 use crate::late::{Counter, LateOutput};
 use crate::stream::{EventStream, Update};
@@ -297,14 +296,9 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         let key_left = Rc::new(key_left);
         let key_right = Rc::new(key_right);
         let (kl, kr) = (Rc::clone(&key_left), Rc::clone(&key_right));
-        let pact_left = Exchange::new(move |u: &Update<L>| route(&kl(&u.0)));
-        let pact_right = Exchange::new(move |u: &Update<R>| route(&kr(&u.0)));
-
         let mut checkpointer = Checkpointer::new();
-        let (left_in, right_in) = match checkpointer.as_ref() {
-            Some(c) => (c.gate(self), c.gate(other)),
-            None => (self.clone(), other.clone()),
-        };
+        let (left_in, pact_left) = keyed_input(checkpointer.as_ref(), self, move |u: &Update<L>| route(&kl(&u.0)));
+        let (right_in, pact_right) = keyed_input(checkpointer.as_ref(), other, move |u: &Update<R>| route(&kr(&u.0)));
         let scope = self.scope();
         let mut builder = OperatorBuilder::new(name.to_owned(), scope);
         if let Some(c) = checkpointer.as_mut() {
@@ -355,12 +349,8 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
             // Both sides while a background thread serializes them for a checkpoint.
             let mut away = None;
             move |frontiers| {
-                if let Some(c) = checkpointer.as_ref() {
-                    match c.returned(&mut away) {
-                        Whereabouts::Home => {}
-                        Whereabouts::Away => return,
-                        Whereabouts::Back((l, r)) => (lefts, rights) = (l, r),
-                    }
+                if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |(l, r)| (lefts, rights) = (l, r))) {
+                    return;
                 }
                 let mut results = results_out.activate();
                 let mut late_l = late_left_out.activate();
@@ -454,18 +444,9 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                         }
                         entries
                     };
-                    match c.due(left_watermark.min(right_watermark)) {
-                        // The inputs have ended (no gate holds them): done in place.
-                        Some(cut) if cut.is_final() => {
-                            let both = (std::mem::take(&mut lefts), std::mem::take(&mut rights));
-                            c.snapshot(cut, || snapshot(&both));
-                            (lefts, rights) = both;
-                        }
-                        Some(cut) => {
-                            let both = (std::mem::take(&mut lefts), std::mem::take(&mut rights));
-                            away = Some(c.snapshot_away(cut, both, snapshot));
-                        }
-                        None => {}
+                    if let Some(cut) = c.due(left_watermark.min(right_watermark)) {
+                        let both = (std::mem::take(&mut lefts), std::mem::take(&mut rights));
+                        away = Some(c.snapshot_away(cut, both, snapshot));
                     }
                 }
             }

@@ -53,11 +53,11 @@ use differential_dataflow::trace::implementations::ValSpine;
 use differential_dataflow::VecCollection;
 use smallvec::SmallVec;
 use timely::container::CapacityContainerBuilder;
-use timely::dataflow::channels::pact::{Exchange, Pipeline};
+use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
 use timely::dataflow::operators::generic::OutputBuilder;
 
-use crate::checkpoint::{decode, encode, Checkpointer, Entry, Restored, Whereabouts};
+use crate::checkpoint::{decode, encode, keyed_input, Checkpointer, Entry, Restored};
 use crate::collection::from_collection;
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
@@ -161,9 +161,8 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
     /// ```
     pub fn upsert(&self, allowed_lateness: u64) -> Upserted<'scope, K, V> {
         let lateness = AllowedLateness(allowed_lateness);
-        let pact = Exchange::new(|u: &Update<(K, Option<V>)>| route(&(u.0).0));
         let mut checkpointer = Checkpointer::new();
-        let stream = checkpointer.as_ref().map_or_else(|| self.clone(), |c| c.gate(self));
+        let (stream, pact) = keyed_input(checkpointer.as_ref(), self, |u: &Update<(K, Option<V>)>| route(&(u.0).0));
         let scope = self.scope();
         let mut builder = OperatorBuilder::new("Upsert".to_owned(), scope);
         if let Some(c) = checkpointer.as_mut() {
@@ -196,12 +195,8 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
             // checkpoint (the compaction schedule stays).
             let mut away = None;
             move |frontiers| {
-                if let Some(c) = checkpointer.as_ref() {
-                    match c.returned(&mut away) {
-                        Whereabouts::Home => {}
-                        Whereabouts::Away => return,
-                        Whereabouts::Back(back) => tables = back,
-                    }
+                if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |back| tables = back)) {
+                    return;
                 }
                 let mut log = log_out.activate();
                 let mut late = late_out.activate();
@@ -305,11 +300,8 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
                     let snapshot = |tables: &StateMap<K, History<V>>| -> Vec<Entry> {
                         tables.iter().map(|(k, h)| (route(k), encode(&(k, h)))).collect()
                     };
-                    match c.due(watermark) {
-                        // The input has ended (no gate holds it): done in place.
-                        Some(cut) if cut.is_final() => c.snapshot(cut, || snapshot(&tables)),
-                        Some(cut) => away = Some(c.snapshot_away(cut, std::mem::take(&mut tables), snapshot)),
-                        None => {}
+                    if let Some(cut) = c.due(watermark) {
+                        away = Some(c.snapshot_away(cut, std::mem::take(&mut tables), snapshot));
                     }
                 }
             }
@@ -389,11 +381,8 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
             // of the shard (queries read it meanwhile; the operator waits).
             let mut away = None;
             move |frontiers| {
-                if let Some(c) = checkpointer.as_ref() {
-                    match c.returned(&mut away) {
-                        Whereabouts::Home | Whereabouts::Back(()) => {}
-                        Whereabouts::Away => return,
-                    }
+                if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |()| ())) {
+                    return;
                 }
                 let Ok(mut guard) = shard.write() else { return };
                 input.for_each_stamp(|_cap, data| {
@@ -419,22 +408,16 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
                     }
                 }
                 if let Some(c) = checkpointer.as_ref() {
-                    match c.due(watermark) {
-                        // The input has ended (no gate holds it): done in place.
-                        Some(cut) if cut.is_final() => c.snapshot(cut, || guard.snapshot()),
-                        Some(cut) => {
-                            // The shard stays readable by queries: the background thread
-                            // reads it under a read lock (taken once this activation
-                            // lets go of the write lock), and the operator leaves it alone
-                            // until the snapshot is back.
-                            drop(guard);
-                            let shard = Arc::clone(&shard);
-                            let serialize = move |_: &()| {
-                                shard.read().unwrap_or_else(std::sync::PoisonError::into_inner).snapshot()
-                            };
-                            away = Some(c.snapshot_away(cut, (), serialize));
-                        }
-                        None => {}
+                    if let Some(cut) = c.due(watermark) {
+                        // The shard stays readable by queries: the background thread
+                        // reads it under a read lock (taken once this activation
+                        // lets go of the write lock), and the operator leaves it alone
+                        // until the snapshot is back.
+                        drop(guard);
+                        let shard = Arc::clone(&shard);
+                        let serialize =
+                            move |_: &()| shard.read().unwrap_or_else(std::sync::PoisonError::into_inner).snapshot();
+                        away = Some(c.snapshot_away(cut, (), serialize));
                     }
                 }
             }
@@ -858,13 +841,11 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         let lateness = AllowedLateness(allowed_lateness);
         let key = Rc::new(key);
         let route_key = Rc::clone(&key);
-        let pact_table = Exchange::new(|u: &Update<(K, V)>| route(&(u.0).0));
-        let pact_stream = Exchange::new(move |u: &Update<D>| route(&route_key(&u.0)));
         let mut checkpointer = Checkpointer::new();
-        let (table_log, stream) = match checkpointer.as_ref() {
-            Some(c) => (c.gate(&table.changelog), c.gate(self)),
-            None => (table.changelog.clone(), self.clone()),
-        };
+        let (table_log, pact_table) =
+            keyed_input(checkpointer.as_ref(), &table.changelog, |u: &Update<(K, V)>| route(&(u.0).0));
+        let (stream, pact_stream) =
+            keyed_input(checkpointer.as_ref(), self, move |u: &Update<D>| route(&route_key(&u.0)));
         let scope = self.scope();
         let mut builder = OperatorBuilder::new(name.to_owned(), scope);
         if let Some(c) = checkpointer.as_mut() {
@@ -907,12 +888,8 @@ impl<'scope, D: Data> EventStream<'scope, D> {
             // them for a checkpoint (the compaction schedule stays).
             let mut away = None;
             move |frontiers| {
-                if let Some(c) = checkpointer.as_ref() {
-                    match c.returned(&mut away) {
-                        Whereabouts::Home => {}
-                        Whereabouts::Away => return,
-                        Whereabouts::Back((v, w)) => (versions, waiting) = (v, w),
-                    }
+                if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |(v, w)| (versions, waiting) = (v, w))) {
+                    return;
                 }
                 let mut results = results_out.activate();
                 let mut late = late_out.activate();
@@ -1017,20 +994,11 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                     let routes = |waiting: &Pending<(D, Diff)>| -> Vec<u64> {
                         waiting.iter().map(|(_, (record, _), _)| route(&key(record))).collect()
                     };
-                    match c.due(table_watermark.min(stream_watermark)) {
-                        // The inputs have ended (no gate holds them): done in place.
-                        Some(cut) if cut.is_final() => {
-                            let both = (std::mem::take(&mut versions), std::mem::take(&mut waiting));
-                            c.snapshot(cut, || snapshot(&both, routes(&both.1)));
-                            (versions, waiting) = both;
-                        }
-                        Some(cut) => {
-                            let routes = routes(&waiting);
-                            let both = (std::mem::take(&mut versions), std::mem::take(&mut waiting));
-                            let serialize = move |both: &_| snapshot(both, routes);
-                            away = Some(c.snapshot_away(cut, both, serialize));
-                        }
-                        None => {}
+                    if let Some(cut) = c.due(table_watermark.min(stream_watermark)) {
+                        let routes = routes(&waiting);
+                        let both = (std::mem::take(&mut versions), std::mem::take(&mut waiting));
+                        let serialize = move |both: &_| snapshot(both, routes);
+                        away = Some(c.snapshot_away(cut, both, serialize));
                     }
                 }
             }

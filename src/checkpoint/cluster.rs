@@ -12,9 +12,8 @@
 //!   publish a later time (a round trip on the network, once per interval).
 //!   `T` is one above the largest answer ([`Message::Announce`]).
 //! - **Gates.** A checkpoint gate opens once its operator has taken its
-//!   snapshot on every worker of every process: each process reports when all
-//!   its workers have ([`Message::OperatorDone`]), and the coordinator tells
-//!   everyone when all processes have ([`Message::Everywhere`]).
+//!   snapshot on its own worker (the gate sits after the operator's exchange):
+//!   no message is needed for that.
 //! - **Writing.** A process that has collected its workers' shares writes
 //!   their shards and reports them, with its sources' offsets
 //!   ([`Message::ProcessDone`]). The coordinator writes the manifest, commits
@@ -99,10 +98,6 @@ pub(super) enum Message {
     Prepared { id: CheckpointId, max_published: Timestamp },
     /// A cut is begun.
     Announce { cut: Cut },
-    /// All of a process's workers have taken `operator`'s snapshot for `id`.
-    OperatorDone { id: CheckpointId, operator: String },
-    /// All workers of all processes have.
-    Everywhere { id: CheckpointId, operator: String },
     /// A process's sources have all read their partitions to the end.
     SourcesFinished,
     /// A follower has written its part of checkpoint `id`.

@@ -85,12 +85,6 @@ struct State {
     followers_finished: BTreeSet<usize>,
     /// This process's sources have all ended (and it said so).
     sources_finished: bool,
-    /// Local workers that have taken an operator's snapshot, by cut and operator.
-    local_ops: BTreeMap<(CheckpointId, String), usize>,
-    /// Processes that have taken an operator's snapshot on all their workers (coordinator).
-    ops_done: BTreeMap<(CheckpointId, String), BTreeSet<usize>>,
-    /// Operators that have taken their snapshot on every worker of every process.
-    everywhere: BTreeSet<(CheckpointId, String)>,
 }
 
 /// Work for the checkpoint writer thread.
@@ -538,11 +532,8 @@ impl Checkpoints {
             return;
         }
         let c = state.collecting.remove(&id).expect("present above");
-        if self.0.membership.is_none() {
-            // Across processes the cut stays begun until the coordinator has
-            // written it: a gate waits for every process's operators.
-            state.announced.retain(|cut| cut.id != id);
-        }
+        // Collected here: this process's operators and sources are past it.
+        state.announced.retain(|cut| cut.id != id);
         tracing::debug!(id, time = c.cut.time, elapsed = ?c.begun.elapsed(), "checkpoint collected");
         if let Some(tx) = self.0.jobs.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             let _ = tx.send(Job::Local(c));
@@ -828,7 +819,6 @@ fn listen(
                     }
                 }
             }
-            Message::OperatorDone { id, operator } => operator_done(inner, &mut state, process, id, operator),
             Message::SourcesFinished => {
                 state.followers_finished.insert(process);
                 final_if_ended(inner, &mut state);
@@ -847,10 +837,6 @@ fn listen(
                     begin(inner, &mut state, cut);
                 }
             }
-            Message::Everywhere { id, operator } => {
-                state.everywhere.insert((id, operator));
-                wake(inner);
-            }
             Message::Written { id, is_final } => written(inner, &mut state, id, is_final),
             Message::Failed { error } => fail(inner, &mut state, format!("process {process}: {error}")),
             Message::Hello { .. } | Message::Welcome { .. } => {
@@ -860,35 +846,12 @@ fn listen(
     }
 }
 
-/// All workers of `process` have taken `operator`'s snapshot for `id` (the
-/// coordinator counts; a follower reports its own).
-fn operator_done(inner: &Inner, state: &mut State, process: usize, id: CheckpointId, operator: String) {
-    if !inner.leads() {
-        inner.send_or_fail(state, &Message::OperatorDone { id, operator });
-        return;
-    }
-    let key = (id, operator);
-    let done = state.ops_done.entry(key.clone()).or_default();
-    done.insert(process);
-    if done.len() == inner.processes() {
-        state.ops_done.remove(&key);
-        let message = Message::Everywhere { id, operator: key.1.clone() };
-        state.everywhere.insert(key);
-        for peer in &inner.links {
-            let _ = peer.send(&message);
-        }
-        wake(inner);
-    }
-}
-
 /// Checkpoint `id` is written (and committed): it is over everywhere.
 fn written(inner: &Inner, state: &mut State, id: CheckpointId, is_final: bool) {
     state.in_flight = state.in_flight.saturating_sub(1);
     state.written.push(id);
     state.final_written |= is_final;
     state.announced.retain(|cut| cut.id != id);
-    state.everywhere.retain(|(cut, _)| *cut > id);
-    state.local_ops.retain(|(cut, _), _| *cut > id);
     inner.changed.notify_all();
     wake(inner);
 }
@@ -1018,9 +981,6 @@ impl StateStore for DataflowProbe {
         None
     }
     fn submit(&self, _operator: &str, _cut: Cut, _entries: Vec<Entry>, _pause: Duration) {}
-    fn submitted_everywhere(&self, _operator: &str, _cut: CheckpointId) -> bool {
-        true
-    }
     fn on_cut(&self, _wake: Box<dyn Fn() + Send + Sync>) {}
 }
 
@@ -1222,36 +1182,12 @@ impl StateStore for WorkerStore {
         self.checkpoints.0.wakers.0.lock().unwrap_or_else(|p| p.into_inner()).push(wake);
     }
 
-    fn submitted_everywhere(&self, operator: &str, cut: CheckpointId) -> bool {
-        let state = lock(&self.checkpoints.0.state);
-        if self.checkpoints.0.membership.is_some() {
-            // Until written, a cut stays begun; the coordinator says when.
-            return state.everywhere.contains(&(cut, operator.to_owned()))
-                || state.written.contains(&cut)
-                || state.error.is_some();
-        }
-        match state.collecting.get(&cut) {
-            Some(c) => c.operators.iter().filter(|(_, name, _)| name == operator).count() == self.checkpoints.0.workers,
-            // Collected: everyone has submitted.
-            None => true,
-        }
-    }
-
     fn submit(&self, operator: &str, cut: Cut, entries: Vec<Entry>, pause: Duration) {
         tracing::debug!(operator, worker = self.worker, id = cut.id, entries = entries.len(), ?pause, "snapshot taken");
         let inner = &self.checkpoints.0;
         let mut state = lock(&inner.state);
         if let Some(c) = state.collecting.get_mut(&cut.id) {
             c.operators.push((self.worker, operator.to_owned(), entries));
-        }
-        if inner.membership.is_some() {
-            let key = (cut.id, operator.to_owned());
-            let count = state.local_ops.entry(key).or_insert(0);
-            *count += 1;
-            if *count == inner.workers {
-                let process = inner.membership.as_ref().map_or(0, |m| m.process);
-                operator_done(inner, &mut state, process, cut.id, operator.to_owned());
-            }
         }
         self.checkpoints.try_complete(&mut state, cut.id);
     }

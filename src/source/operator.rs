@@ -221,6 +221,10 @@ fn report_cuts<R: PartitionReader>(
     }
 }
 
+/// While a checkpoint cut is pending, a source reads past it at most
+/// `max_in_flight / AHEAD_OF_CUT` records (they wait at the gates).
+const AHEAD_OF_CUT: usize = 4;
+
 /// Reads `source` into the dataflow.
 ///
 /// Partition `i` is read by worker `i % peers`; each worker reads at most
@@ -363,21 +367,27 @@ where
                 }
             }
 
-            // A cut this source has not passed yet: its partitions behind the
-            // cut's time read on even without credit. The cut completes only
-            // once they pass it, and until then the records the others read
-            // wait at the checkpoint gates, using up the credit.
-            let behind_cut = checkpoints
+            // A pending cut: partitions behind its time read on even without
+            // credit, since the cut completes only once they pass it. What the
+            // others read meanwhile waits at the checkpoint gates until the cut
+            // completes: a little of it keeps the workers busy while the
+            // operators take their snapshots, more would only fill memory.
+            let pending = checkpoints
                 .as_ref()
-                .and_then(|c| c.cut_after(reported))
+                .and_then(|c| c.cut_after(None))
                 .map(|cut| cut.time)
-                .filter(|time| *time > *held.time() && *time != END_OF_TIME);
+                .filter(|time| *time != END_OF_TIME);
+            let may_read_ahead = may_read
+                && pending.is_none_or(|time| {
+                    in_flight.range(time..).map(|(_, n)| *n).sum::<usize>() < options.max_in_flight / AHEAD_OF_CUT
+                });
             let mut any_data = false;
-            if may_read || behind_cut.is_some() {
+            if may_read_ahead || pending.is_some_and(|time| time > *held.time()) {
                 let mut events = events_out.activate();
                 let mut dead = dead_out.activate();
                 for partition in open.iter_mut() {
-                    if !may_read && behind_cut.is_none_or(|time| partition.watermark.current() >= time) {
+                    let behind = pending.is_some_and(|time| (*held.time()).max(partition.watermark.current()) < time);
+                    if !behind && !may_read_ahead {
                         continue;
                     }
                     // The batch goes out at the partition's watermark before it.

@@ -63,11 +63,10 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use timely::container::CapacityContainerBuilder;
-use timely::dataflow::channels::pact::Exchange;
 use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
 use timely::dataflow::operators::generic::OutputBuilder;
 
-use crate::checkpoint::{decode, encode, Checkpointer, Entry};
+use crate::checkpoint::{decode, encode, keyed_input, Checkpointer, Entry};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::late::{Counter, LateOutput};
@@ -185,7 +184,9 @@ pub trait PatternExt<'scope, E: 'static, K: 'static> {
         E: PartialEq;
 }
 
-impl<'scope, E: Data, K: Key, KF: Fn(&E) -> K + 'static> PatternExt<'scope, E, K> for KeyedEvents<'scope, E, KF> {
+impl<'scope, E: Data + Sync, K: Key, KF: Fn(&E) -> K + 'static> PatternExt<'scope, E, K>
+    for KeyedEvents<'scope, E, KF>
+{
     fn pattern(self, pattern: Pattern<E>) -> Result<Matches<'scope, K, E>, PatternError> {
         self.stream.match_pattern(self.key, pattern)
     }
@@ -285,10 +286,16 @@ enum CepEntry<K, S, E> {
     Waiting(Timestamp, K, E, Timestamp),
 }
 
+/// A pattern operator's state on a worker: every key's, and the events waiting for the watermark.
+type CepState<K, E> = (StateMap<K, Keyed<K, E>>, Pending<(K, E)>);
+
 /// How outputs are compared when a replay corrects them.
 type SameOutput<K, E> = Rc<dyn Fn(&Match<K, E>, &Match<K, E>) -> bool>;
 
-impl<'scope, E: Data> EventStream<'scope, E> {
+/// Events are `Sync` besides [`Data`]: a checkpoint serializes a key's partial
+/// matches on a background thread, and they share the events they took through
+/// `Arc` links.
+impl<'scope, E: Data + Sync> EventStream<'scope, E> {
     /// Matches `pattern` against the events of each key (see the [module
     /// documentation](crate::cep)).
     ///
@@ -341,9 +348,8 @@ impl<'scope, E: Data> EventStream<'scope, E> {
         let matcher = Matcher::new(pattern);
         let key = Rc::new(key);
         let route_key = Rc::clone(&key);
-        let pact = Exchange::new(move |u: &Update<E>| route(&route_key(&u.0)));
         let mut checkpointer = Checkpointer::new();
-        let stream = checkpointer.as_ref().map_or_else(|| self.clone(), |c| c.gate(self));
+        let (stream, pact) = keyed_input(checkpointer.as_ref(), self, move |u: &Update<E>| route(&route_key(&u.0)));
         let scope = self.scope();
         let mut builder = OperatorBuilder::new("MatchPattern".to_owned(), scope);
         if let Some(c) = checkpointer.as_mut() {
@@ -399,8 +405,13 @@ impl<'scope, E: Data> EventStream<'scope, E> {
                 });
             }
             drop(initial_capabilities);
+            // The keys and waiting events while a background thread serializes them for a checkpoint.
+            let mut away = None;
 
             move |frontiers| {
+                if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |(k, w)| (keys, waiting) = (k, w))) {
+                    return;
+                }
                 let mut matches = matches_out.activate();
                 let mut timeouts = timeouts_out.activate();
                 let mut late = late_out.activate();
@@ -535,13 +546,12 @@ impl<'scope, E: Data> EventStream<'scope, E> {
                     }
                 }
                 hold.settle(None);
-                // Taken in place, pausing the worker, unlike the other operators'
-                // snapshots: a key's partial matches share the events they took
-                // through `Rc` links (`nfa::Node`), which cannot go to a background
-                // thread.
+                // A key's partial matches share the events they took through
+                // `Arc` links (`nfa::Node`): the background thread reads them while
+                // the operator leaves them alone.
                 if let Some(c) = checkpointer.as_ref() {
-                    while let Some(cut) = c.due(watermark) {
-                        c.snapshot(cut, || {
+                    if let Some(cut) = c.due(watermark) {
+                        let serialize = |(keys, waiting): &CepState<K, E>| {
                             let mut entries: Vec<Entry> = Vec::with_capacity(keys.len());
                             for (k, keyed) in keys.iter() {
                                 entries.push((route(k), encode(&CepEntry::<_, _, ()>::Key(k, keyed))));
@@ -551,7 +561,9 @@ impl<'scope, E: Data> EventStream<'scope, E> {
                                 entries.push((route(k), encode(&entry)));
                             }
                             entries
-                        });
+                        };
+                        let both = (std::mem::take(&mut keys), std::mem::take(&mut waiting));
+                        away = Some(c.snapshot_away(cut, both, serialize));
                     }
                 }
             }

@@ -10,7 +10,6 @@
 //! that do not match; non-deterministic: always). A new run starts at every
 //! event the pattern's first step(s) can take.
 
-use std::rc::Rc;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -33,7 +32,7 @@ pub(crate) struct Taken<E> {
 #[derive(Debug)]
 pub(crate) struct Node<E> {
     pub(crate) taken: Taken<E>,
-    pub(crate) prev: Option<Rc<Node<E>>>,
+    pub(crate) prev: Option<Arc<Node<E>>>,
     /// The first event's position and time.
     start: (u64, Timestamp),
 }
@@ -43,7 +42,7 @@ impl<E> Drop for Node<E> {
     fn drop(&mut self) {
         let mut prev = self.prev.take();
         while let Some(rc) = prev {
-            match Rc::try_unwrap(rc) {
+            match Arc::try_unwrap(rc) {
                 Ok(mut node) => prev = node.prev.take(),
                 Err(_) => break,
             }
@@ -77,7 +76,7 @@ enum Target {
 pub(crate) struct Run<E> {
     /// Identifies the taken events: runs that branched from one take share it.
     node: u64,
-    taken: Rc<Node<E>>,
+    taken: Arc<Node<E>>,
     target: Target,
     /// `not_next` steps the next event must not satisfy.
     forbid_next: SmallVec<[usize; 1]>,
@@ -104,7 +103,7 @@ impl<E> Run<E> {
 /// A match or a timed-out partial match, as taken events.
 #[derive(Clone, Debug)]
 pub(crate) struct Found<E> {
-    pub(crate) taken: Rc<Node<E>>,
+    pub(crate) taken: Arc<Node<E>>,
     /// The event time the result goes out at.
     pub(crate) time: Timestamp,
 }
@@ -168,7 +167,7 @@ impl<E: serde::Serialize> serde::Serialize for KeyState<E> {
             }
             runs.push(FlatRun {
                 node: run.node,
-                taken: index[&Rc::as_ptr(&run.taken)],
+                taken: index[&Arc::as_ptr(&run.taken)],
                 target: run.target,
                 forbid_next: run.forbid_next.clone(),
                 forbid_between: run.forbid_between.clone(),
@@ -185,13 +184,13 @@ impl<'de, E: serde::Deserialize<'de>> serde::Deserialize<'de> for KeyState<E> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         use serde::de::Error;
         let flat = FlatKeyState::<Taken<E>>::deserialize(deserializer)?;
-        let node_at = |built: &[Rc<Node<E>>], i: u32| {
-            built.get(i as usize).map(Rc::clone).ok_or_else(|| D::Error::custom("a run's node links to a later one"))
+        let node_at = |built: &[Arc<Node<E>>], i: u32| {
+            built.get(i as usize).map(Arc::clone).ok_or_else(|| D::Error::custom("a run's node links to a later one"))
         };
-        let mut built: Vec<Rc<Node<E>>> = Vec::with_capacity(flat.nodes.len());
+        let mut built: Vec<Arc<Node<E>>> = Vec::with_capacity(flat.nodes.len());
         for (taken, prev, start) in flat.nodes {
             let prev = prev.map(|i| node_at(&built, i)).transpose()?;
-            built.push(Rc::new(Node { taken, prev, start }));
+            built.push(Arc::new(Node { taken, prev, start }));
         }
         let mut runs = Vec::with_capacity(flat.runs.len());
         for r in flat.runs {
@@ -273,12 +272,12 @@ impl<E: Clone> Matcher<E> {
 
     /// The runs a partial match that has just taken `count` events of `step`
     /// (or nothing yet: `step` is `None`) branches into.
-    fn branches(&self, node: u64, taken: &Rc<Node<E>>, step: Option<usize>, count: u32) -> Branches<E> {
+    fn branches(&self, node: u64, taken: &Arc<Node<E>>, step: Option<usize>, count: u32) -> Branches<E> {
         let steps = &self.pattern.steps;
         let mut out = Branches { runs: Vec::new(), complete: false };
         let run = |target| Run {
             node,
-            taken: Rc::clone(taken),
+            taken: Arc::clone(taken),
             target,
             forbid_next: SmallVec::new(),
             forbid_between: SmallVec::new(),
@@ -364,7 +363,7 @@ impl<E: Clone> Matcher<E> {
         let mut emitted: Vec<u64> = Vec::new();
         let mut completed = Vec::new();
         for r in expired.iter().filter(|r| r.target == Target::Pending) {
-            completed.push(Rc::clone(&r.taken));
+            completed.push(Arc::clone(&r.taken));
         }
         let emitted_here = self
             .emit(completed, &mut state.runs, &mut expired, |taken| taken.start.1.saturating_add(w).saturating_sub(1));
@@ -379,7 +378,7 @@ impl<E: Clone> Matcher<E> {
             }
             reported.push(r.node);
             let at = r.start_time().saturating_add(w).saturating_sub(1);
-            timeouts.push(Found { taken: Rc::clone(&r.taken), time: at });
+            timeouts.push(Found { taken: Arc::clone(&r.taken), time: at });
         }
     }
 
@@ -388,7 +387,7 @@ impl<E: Clone> Matcher<E> {
     /// matches with the node of their taken events.
     fn emit(
         &self,
-        mut completed: Vec<Rc<Node<E>>>,
+        mut completed: Vec<Arc<Node<E>>>,
         runs: &mut Vec<Run<E>>,
         others: &mut Vec<Run<E>>,
         time_of: impl Fn(&Node<E>) -> Timestamp,
@@ -402,7 +401,7 @@ impl<E: Clone> Matcher<E> {
                 continue;
             }
             let node =
-                others.iter().chain(runs.iter()).find(|r| Rc::ptr_eq(&r.taken, &taken)).map_or(u64::MAX, |r| r.node);
+                others.iter().chain(runs.iter()).find(|r| Arc::ptr_eq(&r.taken, &taken)).map_or(u64::MAX, |r| r.node);
             if let Some(prune) = self.pruning(&taken) {
                 runs.retain(|r| !prune(r.start_seq()));
                 others.retain(|r| !prune(r.start_seq()));
@@ -445,27 +444,27 @@ impl<E: Clone> Matcher<E> {
         let steps = &self.pattern.steps;
         // Runs made by takes; the surviving runs stay in place.
         let mut made: Vec<Run<E>> = Vec::new();
-        let mut completed: Vec<Rc<Node<E>>> = Vec::new();
+        let mut completed: Vec<Arc<Node<E>>> = Vec::new();
         let mut next_node = state.next_node;
         let mut take = |made: &mut Vec<Run<E>>,
-                        completed: &mut Vec<Rc<Node<E>>>,
-                        taken: Option<&Rc<Node<E>>>,
+                        completed: &mut Vec<Arc<Node<E>>>,
+                        taken: Option<&Arc<Node<E>>>,
                         step: usize,
                         count: u32| {
             let start = taken.map_or((seq, time), |t| t.start);
             let extended =
-                Rc::new(Node { taken: Taken { step, seq, time, event: event.clone() }, prev: taken.cloned(), start });
+                Arc::new(Node { taken: Taken { step, seq, time, event: event.clone() }, prev: taken.cloned(), start });
             let node = next_node;
             next_node += 1;
             let branches = self.branches(node, &extended, Some(step), count);
             if branches.complete {
-                completed.push(Rc::clone(&extended));
+                completed.push(Arc::clone(&extended));
             }
             made.extend(branches.runs);
         };
 
         state.runs.retain_mut(|run| {
-            let taken = Rc::clone(&run.taken);
+            let taken = Arc::clone(&run.taken);
             let ctx = Some(&*taken);
             if run.target == Target::Pending {
                 return !run.forbid_between.iter().any(|n| self.holds(*n, &event, ctx));
@@ -582,7 +581,7 @@ mod tests {
             assert_eq!(events(a), events(b));
         }
         let shared = |s: &KeyState<char>| {
-            s.runs.windows(2).filter(|w| w[1].taken.prev.as_ref().is_some_and(|p| Rc::ptr_eq(p, &w[0].taken))).count()
+            s.runs.windows(2).filter(|w| w[1].taken.prev.as_ref().is_some_and(|p| Arc::ptr_eq(p, &w[0].taken))).count()
         };
         assert_eq!(shared(&restored), shared(&state));
         same_match(&matcher, state, restored, n + 1);

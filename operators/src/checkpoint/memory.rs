@@ -179,11 +179,6 @@ impl StateStore for WorkerView {
         by_worker.insert(self.worker, entries);
     }
 
-    fn submitted_everywhere(&self, operator: &str, cut: CheckpointId) -> bool {
-        let shared = self.store.lock();
-        shared.submitted.get(&cut).and_then(|s| s.get(operator)).is_some_and(|w| w.len() == self.store.workers)
-    }
-
     fn on_cut(&self, wake: Box<dyn Fn() + Send + Sync>) {
         self.store.lock().wakers.push(Arc::from(wake));
     }

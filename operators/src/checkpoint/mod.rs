@@ -9,11 +9,13 @@
 //! 1. reads its input through a *gate*: an operator that passes updates
 //!    whose timely time is below the pending cut's `T` and keeps the others
 //!    back, holding its capability at `T`. The operator's input frontier thus
-//!    stops exactly at `T` with every update below it received, and none above;
+//!    stops exactly at `T` with every update below it received, and none above.
+//!    A keyed operator's input is exchanged on its way into the gate, so what a
+//!    gate holds back is for its own worker's instance only;
 //! 2. when its frontier reaches `T`, fires what the watermark `T` completes,
 //!    serializes its state into [`Entry`]s and [`submit`](StateStore::submit)s
 //!    them: the state as of `T`. The gate then lets the held-back updates
-//!    through. Data keeps flowing everywhere else, and the entries are written
+//!    through, whatever the operator's instances on other workers are at. Data keeps flowing everywhere else, and the entries are written
 //!    out by the runtime on a background thread;
 //! 3. on recovery, gets back the entries whose routing hash falls on its worker
 //!    ([`StateStore::restored`]), whatever the number of workers the
@@ -29,22 +31,21 @@
 //! checkpointed report themselves ([`StateStore::unsupported`]) so that the
 //! runtime refuses to start a checkpointed job it could not restore.
 
+mod gate;
 pub mod memory;
 
+pub(crate) use gate::KeyPact;
+
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use serde::{Deserialize, Serialize};
-use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::Pipeline;
-use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
-use timely::dataflow::operators::generic::OutputBuilder;
 use timely::scheduling::Activator;
 
 use crate::key::Data;
 use crate::stream::{EventStream, Update};
-use crate::time::{arrival_time, Timestamp, END_OF_TIME};
+use crate::time::{Timestamp, END_OF_TIME};
 
 /// A checkpoint's number: increasing over the life of a job, across restarts.
 pub type CheckpointId = u64;
@@ -143,10 +144,6 @@ pub trait StateStore {
     /// Hands over `operator`'s state as of `cut`; taking it paused the
     /// worker for `pause`.
     fn submit(&self, operator: &str, cut: Cut, entries: Vec<Entry>, pause: std::time::Duration);
-    /// Whether `operator` has handed over its state for `cut` on every
-    /// worker (its gates open only then: an update let through on one worker
-    /// may be exchanged to another whose instance has not yet taken its snapshot).
-    fn submitted_everywhere(&self, operator: &str, cut: CheckpointId) -> bool;
     /// Calls `wake` whenever a cut is begun or abandoned (to schedule an
     /// operator whose frontier may already be at the cut's time).
     fn on_cut(&self, wake: Box<dyn Fn() + Send + Sync>);
@@ -208,24 +205,17 @@ pub(crate) struct Checkpointer {
     waker: Option<timely::scheduling::SyncActivator>,
 }
 
-/// An operator's state, handed to a background thread to be serialized at a
-/// cut ([`Checkpointer::snapshot_away`]).
-pub(crate) struct Away<S> {
-    cut: Cut,
-    /// The time the worker spent handing it over.
-    pause: std::time::Duration,
-    back: std::sync::mpsc::Receiver<(S, Vec<Entry>, std::time::Duration)>,
-}
-
-/// Where an operator's state is while a snapshot may be taken of it.
-pub(crate) enum Whereabouts<S> {
-    /// With the operator.
-    Home,
-    /// Being serialized: the operator waits (its gates hold its input back
-    /// anyway until its snapshot is taken on every worker).
-    Away,
-    /// Serialized and handed over: the operator takes it back.
-    Back(S),
+/// An operator's state taken for a snapshot at a cut ([`Checkpointer::snapshot_away`]).
+pub(crate) enum Away<S> {
+    /// With a background thread that serializes it.
+    Serializing {
+        cut: Cut,
+        /// The time the worker spent handing it over.
+        pause: std::time::Duration,
+        back: std::sync::mpsc::Receiver<(S, Vec<Entry>, std::time::Duration)>,
+    },
+    /// Serialized in place (the final cut) and submitted already.
+    Kept(S),
 }
 
 impl Checkpointer {
@@ -240,9 +230,26 @@ impl Checkpointer {
         Some(Checkpointer { store, shared, name: String::new(), waker: None })
     }
 
-    /// Gates `stream`, one of the operator's inputs (build the gates before the operator).
+    /// Gates `stream`, one of the operator's inputs that the operator reads
+    /// in place (build the gates before the operator).
     pub(crate) fn gate<'scope, D: Data>(&self, stream: &EventStream<'scope, D>) -> EventStream<'scope, D> {
-        gate(stream, Rc::clone(&self.store), Rc::clone(&self.shared))
+        gate::gate(stream, Pipeline, Rc::clone(&self.store), Rc::clone(&self.shared))
+    }
+
+    /// Gates `stream`, one of the operator's inputs that is exchanged by
+    /// `route`: the gate exchanges it, and the operator reads the gated
+    /// stream with the returned pact, in place.
+    pub(crate) fn gate_keyed<'scope, D, F>(
+        &self,
+        stream: &EventStream<'scope, D>,
+        route: F,
+    ) -> (EventStream<'scope, D>, KeyPact<F>)
+    where
+        D: Data,
+        F: FnMut(&Update<D>) -> u64 + 'static,
+    {
+        let gated = gate::gate(stream, KeyPact::Exchange(route), Rc::clone(&self.store), Rc::clone(&self.shared));
+        (gated, KeyPact::Local)
     }
 
     /// Registers the operator under `name` at `address` in `scope`.
@@ -259,16 +266,23 @@ impl Checkpointer {
 
     /// Takes the state as of `cut` without pausing the worker: `state` is
     /// moved to a background thread, which `serialize`s it and hands it back;
-    /// [`returned`](Self::returned) submits the entries and gives the state
-    /// back. Meanwhile the operator must leave its input alone (nothing
-    /// reaches it: its gates hold back what is at or after the cut, and all
-    /// that was before it has been received) and the worker runs its other
-    /// operators.
+    /// [`home`](Self::home) submits the entries and gives the state back.
+    /// Meanwhile the operator must leave its input alone (nothing reaches it:
+    /// its gates hold back what is at or after the cut, and all that was
+    /// before it has been received) and the worker runs its other operators.
+    ///
+    /// The final cut is taken in place: the input has ended (no gate holds
+    /// it back) and the dataflow may end with this activation. The operator
+    /// gets its state back from `home` all the same.
     pub(crate) fn snapshot_away<S, F>(&self, cut: Cut, state: S, serialize: F) -> Away<S>
     where
         S: Send + 'static,
         F: FnOnce(&S) -> Vec<Entry> + Send + 'static,
     {
+        if cut.is_final() {
+            self.snapshot(cut, || serialize(&state));
+            return Away::Kept(state);
+        }
         let started = std::time::Instant::now();
         let (tx, back) = std::sync::mpsc::sync_channel(1);
         let waker = self.waker.clone();
@@ -283,27 +297,38 @@ impl Checkpointer {
                 }
             })
             .expect("starting a snapshot thread");
-        Away { cut, pause: started.elapsed(), back }
+        Away::Serializing { cut, pause: started.elapsed(), back }
     }
 
-    /// Where the state handed away (if any) is; when it is back, its entries
-    /// have been submitted and the gates opened.
+    /// Whether the operator's state is with it: `false` while a background
+    /// thread serializes it (the operator then returns and waits to be woken
+    /// up). State that has come back is handed to `back`, its entries having
+    /// been submitted and the gates opened.
     ///
     /// # Panics
     /// If the thread serializing it panicked.
-    pub(crate) fn returned<S>(&self, away: &mut Option<Away<S>>) -> Whereabouts<S> {
-        let Some(a) = away.as_ref() else { return Whereabouts::Home };
-        match a.back.try_recv() {
-            Ok((state, entries, serializing)) => {
-                let a = away.take().expect("matched above");
-                tracing::debug!(operator = %self.name, id = a.cut.id, ?serializing, "state serialized in the background");
-                self.submitted(a.cut, entries, a.pause);
-                Whereabouts::Back(state)
+    pub(crate) fn home<S>(&self, away: &mut Option<Away<S>>, back: impl FnOnce(S)) -> bool {
+        match away.take() {
+            None => true,
+            Some(Away::Kept(state)) => {
+                back(state);
+                true
             }
-            Err(std::sync::mpsc::TryRecvError::Empty) => Whereabouts::Away,
-            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                panic!("serializing {}'s state for checkpoint {} failed", self.name, a.cut.id)
-            }
+            Some(Away::Serializing { cut, pause, back: rx }) => match rx.try_recv() {
+                Ok((state, entries, serializing)) => {
+                    tracing::debug!(operator = %self.name, id = cut.id, ?serializing, "state serialized in the background");
+                    self.submitted(cut, entries, pause);
+                    back(state);
+                    true
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => {
+                    *away = Some(Away::Serializing { cut, pause, back: rx });
+                    false
+                }
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    panic!("serializing {}'s state for checkpoint {} failed", self.name, cut.id)
+                }
+            },
         }
     }
 
@@ -329,10 +354,28 @@ impl Checkpointer {
     }
 
     /// Takes the state as of `cut` with `snapshot`, hands it over, and opens the gates.
-    pub(crate) fn snapshot(&self, cut: Cut, snapshot: impl FnOnce() -> Vec<Entry>) {
+    fn snapshot(&self, cut: Cut, snapshot: impl FnOnce() -> Vec<Entry>) {
         let started = std::time::Instant::now();
         let entries = snapshot();
         self.submitted(cut, entries, started.elapsed());
+    }
+}
+
+/// An operator's input `stream`, exchanged by `route`, and the pact the
+/// operator reads it with: gated and exchanged on the way into the gate if
+/// the operator is checkpointed, else exchanged by the operator itself.
+pub(crate) fn keyed_input<'scope, D, F>(
+    checkpointer: Option<&Checkpointer>,
+    stream: &EventStream<'scope, D>,
+    route: F,
+) -> (EventStream<'scope, D>, KeyPact<F>)
+where
+    D: Data,
+    F: FnMut(&Update<D>) -> u64 + 'static,
+{
+    match checkpointer {
+        Some(c) => c.gate_keyed(stream, route),
+        None => (stream.clone(), KeyPact::Exchange(route)),
     }
 }
 
@@ -340,94 +383,4 @@ impl std::fmt::Debug for Checkpointer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Checkpointer").field("name", &self.name).field("done", &self.shared.done.get()).finish()
     }
-}
-
-/// Passes the updates of `stream` below the pending cut and holds back the
-/// others (and its capability at the cut) until the operator behind it has
-/// submitted its state for the cut on every worker.
-fn gate<'scope, D: Data>(
-    stream: &EventStream<'scope, D>,
-    store: Rc<dyn StateStore>,
-    shared: Rc<Shared>,
-) -> EventStream<'scope, D> {
-    let scope = stream.scope();
-    let mut builder = OperatorBuilder::new("CheckpointGate".to_owned(), scope);
-    let mut input = builder.new_input(stream.inner.clone(), Pipeline);
-    let (out, gated) = builder.new_output();
-    let mut out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<D>>>>::from(out);
-    let address = builder.operator_info().address;
-    let activator = scope.activator_for(std::rc::Rc::clone(&address));
-    shared.gates.borrow_mut().push(scope.activator_for(std::rc::Rc::clone(&address)));
-    let waker = scope.worker().sync_activator_for(address.to_vec());
-    store.on_cut(Box::new(move || {
-        let _ = waker.activate();
-    }));
-
-    builder.build(move |mut capabilities| {
-        let mut cap = capabilities.pop();
-        let mut stash: BTreeMap<Timestamp, Vec<Vec<Update<D>>>> = BTreeMap::new();
-        // The last cut the operator has submitted on every worker.
-        let mut open_upto: Option<CheckpointId> = None;
-        // After a recovery from a cut at `T`, updates before `T` can only be
-        // replays of restored collections.
-        let replayed_below = store.restored_time().unwrap_or(0);
-        move |frontiers| {
-            let mut limit = None;
-            while let Some(cut) = store.cut_after(open_upto).filter(|c| !c.is_final()) {
-                let local = shared.done.get().is_some_and(|d| d >= cut.id);
-                if local && store.submitted_everywhere(&shared.name.borrow(), cut.id) {
-                    open_upto = Some(cut.id);
-                } else {
-                    if local {
-                        // Waiting for the other workers' instances.
-                        activator.activate_after(std::time::Duration::from_millis(1));
-                    }
-                    limit = Some(cut.time);
-                    break;
-                }
-            }
-            let mut output = out.activate();
-            // Held-back updates first: per time, updates go out in the order they came.
-            while let Some(entry) = stash.first_entry() {
-                if limit.is_some_and(|l| *entry.key() >= l) {
-                    break;
-                }
-                let (time, batches) = entry.remove_entry();
-                let held = cap.as_ref().expect("stashed updates are held under the gate's capability").delayed(&time);
-                let mut session = output.session(&held);
-                for mut batch in batches {
-                    session.give_container(&mut batch);
-                }
-            }
-            input.for_each_stamp(|at, data| {
-                let time = arrival_time(&at);
-                if time < replayed_below {
-                    // A replay of state the operator has restored (see
-                    // `EventStream::as_collection`): already in its state.
-                    data.for_each(Vec::clear);
-                    return;
-                }
-                for batch in data {
-                    if limit.is_some_and(|l| time >= l) {
-                        stash.entry(time).or_default().push(std::mem::take(batch));
-                    } else {
-                        output.session(&at).give_container(batch);
-                    }
-                }
-            });
-            let frontier = frontiers[0].frontier().as_option().copied();
-            let target = [frontier, limit, stash.keys().next().copied()].into_iter().flatten().min();
-            match target {
-                Some(t) => {
-                    if let Some(c) = cap.as_mut() {
-                        if *c.time() < t {
-                            c.downgrade(&t);
-                        }
-                    }
-                }
-                None => cap = None,
-            }
-        }
-    });
-    EventStream::new(gated)
 }

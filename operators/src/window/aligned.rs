@@ -10,7 +10,7 @@ use timely::dataflow::operators::InputCapability;
 
 use super::{skeleton, AssignWindows, Skeleton, Window, WindowResult, Windowed};
 use crate::aggregate::Aggregate;
-use crate::checkpoint::{decode, encode, Entry, Restored, Whereabouts};
+use crate::checkpoint::{decode, encode, Entry, Restored};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::stream::EventStream;
@@ -195,12 +195,8 @@ where
         // The state while a background thread serializes it for a checkpoint.
         let mut away = None;
         move |frontiers| {
-            if let Some(c) = checkpointer.as_ref() {
-                match c.returned(&mut away) {
-                    Whereabouts::Home => {}
-                    Whereabouts::Away => return,
-                    Whereabouts::Back(back) => state = back,
-                }
+            if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |back| state = back)) {
+                return;
             }
             let mut results = results_out.activate();
             let mut late = late_out.activate();
@@ -312,13 +308,8 @@ where
             hold.settle(None);
             if let Some(c) = checkpointer.as_ref().filter(|_| firing.is_empty()) {
                 if let Some(cut) = c.due(watermark) {
-                    if cut.is_final() {
-                        // The input has ended (no gate holds it): done in place.
-                        c.snapshot(cut, || state.snapshot());
-                    } else {
-                        let taken = std::mem::replace(&mut state, State::new());
-                        away = Some(c.snapshot_away(cut, taken, State::snapshot));
-                    }
+                    let taken = std::mem::replace(&mut state, State::new());
+                    away = Some(c.snapshot_away(cut, taken, State::snapshot));
                 }
             }
         }

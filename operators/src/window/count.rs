@@ -7,7 +7,7 @@ use timely::dataflow::operators::{Capability, InputCapability};
 
 use super::{skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
 use crate::aggregate::Aggregate;
-use crate::checkpoint::{decode, encode, Entry, Whereabouts};
+use crate::checkpoint::{decode, encode, Entry};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::stream::{EventStream, Update};
@@ -318,12 +318,8 @@ where
         let mut away = None;
 
         move |frontiers| {
-            if let Some(c) = checkpointer.as_ref() {
-                match c.returned(&mut away) {
-                    Whereabouts::Home => {}
-                    Whereabouts::Away => return,
-                    Whereabouts::Back((k, w)) => (keys, waiting) = (k, w),
-                }
+            if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |(k, w)| (keys, waiting) = (k, w))) {
+                return;
             }
             let mut results = results_out.activate();
             let mut late = late_out.activate();
@@ -429,21 +425,12 @@ where
                     }
                     entries
                 };
-                match c.due(watermark) {
-                    // The input has ended (no gate holds it): done in place.
-                    Some(cut) if cut.is_final() => {
-                        let both = (std::mem::take(&mut keys), std::mem::take(&mut waiting));
-                        c.snapshot(cut, || snapshot(&both, both.1.keys(|d| key(d))));
-                        (keys, waiting) = both;
-                    }
-                    Some(cut) => {
-                        // The key function stays here (it need not be `Send`): the
-                        // waiting records' keys are taken now, the rest in the background.
-                        let held_keys = waiting.keys(|d| key(d));
-                        let both = (std::mem::take(&mut keys), std::mem::take(&mut waiting));
-                        away = Some(c.snapshot_away(cut, both, move |both| snapshot(both, held_keys)));
-                    }
-                    None => {}
+                if let Some(cut) = c.due(watermark) {
+                    // The key function stays here (it need not be `Send`): the
+                    // waiting records' keys are taken now, the rest in the background.
+                    let held_keys = waiting.keys(|d| key(d));
+                    let both = (std::mem::take(&mut keys), std::mem::take(&mut waiting));
+                    away = Some(c.snapshot_away(cut, both, move |both| snapshot(both, held_keys)));
                 }
             }
         }

@@ -9,7 +9,7 @@ use serde::{de::DeserializeOwned, Serialize};
 use super::count::Pending;
 use super::{skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
 use crate::aggregate::Aggregate;
-use crate::checkpoint::{decode, encode, Entry, Whereabouts};
+use crate::checkpoint::{decode, encode, Entry};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::stream::{EventStream, Update};
@@ -380,12 +380,8 @@ where
         let mut away = None;
 
         move |frontiers| {
-            if let Some(c) = checkpointer.as_ref() {
-                match c.returned(&mut away) {
-                    Whereabouts::Home => {}
-                    Whereabouts::Away => return,
-                    Whereabouts::Back((w, p)) => (windows, waiting) = (w, p),
-                }
+            if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |(w, p)| (windows, waiting) = (w, p))) {
+                return;
             }
             let mut results = results_out.activate();
             let mut late = late_out.activate();
@@ -549,22 +545,13 @@ where
                     }
                     entries
                 };
-                match c.due(watermark) {
-                    // The input has ended (no gate holds it): done in place.
-                    Some(cut) if cut.is_final() => {
-                        let both = (std::mem::take(&mut windows), std::mem::take(&mut waiting));
-                        c.snapshot(cut, || snapshot(&both, both.1.keys(|d| key(d)), last_period));
-                        (windows, waiting) = both;
-                    }
-                    Some(cut) => {
-                        // The key function stays here (it need not be `Send`): the
-                        // waiting records' keys are taken now, the rest in the background.
-                        let held_keys = waiting.keys(|d| key(d));
-                        let both = (std::mem::take(&mut windows), std::mem::take(&mut waiting));
-                        let serialize = move |both: &_| snapshot(both, held_keys, last_period);
-                        away = Some(c.snapshot_away(cut, both, serialize));
-                    }
-                    None => {}
+                if let Some(cut) = c.due(watermark) {
+                    // The key function stays here (it need not be `Send`): the
+                    // waiting records' keys are taken now, the rest in the background.
+                    let held_keys = waiting.keys(|d| key(d));
+                    let both = (std::mem::take(&mut windows), std::mem::take(&mut waiting));
+                    let serialize = move |both: &_| snapshot(both, held_keys, last_period);
+                    away = Some(c.snapshot_away(cut, both, serialize));
                 }
             }
         }

@@ -45,13 +45,13 @@ use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 use timely::communication::Pull;
 use timely::container::CapacityContainerBuilder;
-use timely::dataflow::channels::pact::{Exchange, LogPuller};
+use timely::dataflow::channels::pact::LogPuller;
 use timely::dataflow::channels::Message;
 use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
 use timely::dataflow::operators::generic::{InputHandleCore, OutputBuilder};
 
 use crate::aggregate::Aggregate;
-use crate::checkpoint::Checkpointer;
+use crate::checkpoint::{keyed_input, Checkpointer};
 use crate::key::route;
 use crate::key::{Data, Key};
 use crate::late::{Counter, LateOutput};
@@ -144,14 +144,13 @@ where
     KF: Fn(&D) -> K + 'static,
 {
     let key = Rc::clone(key);
-    let pact = Exchange::new(move |u: &Update<D>| route(&key(&u.0)));
     let mut checkpointer = if checkpointable {
         Checkpointer::new()
     } else {
         crate::checkpoint::unsupported(name);
         None
     };
-    let stream = checkpointer.as_ref().map_or_else(|| stream.clone(), |c| c.gate(stream));
+    let (stream, pact) = keyed_input(checkpointer.as_ref(), stream, move |u: &Update<D>| route(&key(&u.0)));
     let scope = stream.scope();
     let mut builder = OperatorBuilder::new(name.to_owned(), scope);
     if let Some(c) = checkpointer.as_mut() {

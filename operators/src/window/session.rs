@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use super::{skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
 use crate::aggregate::Aggregate;
-use crate::checkpoint::{decode, encode, Entry, Whereabouts};
+use crate::checkpoint::{decode, encode, Entry};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::stream::{EventStream, Update};
@@ -149,12 +149,8 @@ where
         let mut away = None;
 
         move |frontiers| {
-            if let Some(c) = checkpointer.as_ref() {
-                match c.returned(&mut away) {
-                    Whereabouts::Home => {}
-                    Whereabouts::Away => return,
-                    Whereabouts::Back(back) => keys = back,
-                }
+            if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |back| keys = back)) {
+                return;
             }
             let mut results = results_out.activate();
             let mut late = late_out.activate();
@@ -293,11 +289,8 @@ where
                 let entries = |keys: &StateMap<K, KeyState<A::Acc, A::Output>>| -> Vec<Entry> {
                     keys.iter().map(|(k, state)| (route(k), encode(&(k, state)))).collect()
                 };
-                match c.due(watermark) {
-                    // The input has ended (no gate holds it): done in place.
-                    Some(cut) if cut.is_final() => c.snapshot(cut, || entries(&keys)),
-                    Some(cut) => away = Some(c.snapshot_away(cut, std::mem::take(&mut keys), entries)),
-                    None => {}
+                if let Some(cut) = c.due(watermark) {
+                    away = Some(c.snapshot_away(cut, std::mem::take(&mut keys), entries));
                 }
             }
         }

@@ -4,7 +4,8 @@
 //! 1. Throughput: Nexmark q5 and q7 on the generator, with a checkpoint every
 //!    second (`--checkpoint-dir`, `--checkpoint-interval 1s`) against the same
 //!    run without checkpoints (the baseline, measured in the same run), both
-//!    with a blackhole sink and 4 generator partitions. Median of `--runs`.
+//!    with a blackhole sink and 4 generator partitions, run in interleaved
+//!    pairs: the median of each, and the median of the pairs' ratios.
 //! 2. State: a job counting events per key in a one-hour tumbling window over
 //!    `--keys` keys (1 M and 10 M by default), run as a child process of this
 //!    harness. Once a checkpoint holds every key the child is killed (SIGKILL)
@@ -101,18 +102,28 @@ fn nexmark(query: &str, events: u64, workers: usize, checkpoints: bool) -> f64 {
 
 fn throughput(events: u64, runs: usize) {
     println!("### Throughput with a checkpoint every second, generator, {events} events, median of {runs} runs\n");
-    println!("| query | workers | without ev/s | with ev/s | ratio |");
-    println!("|---|---:|---:|---:|---:|");
+    println!("| query | workers | without ev/s | with ev/s | ratio of medians | median ratio of pairs (range) |");
+    println!("|---|---:|---:|---:|---:|---:|");
     for query in ["q5", "q7"] {
         for workers in [1, 2] {
-            let (mut without, mut with) = (Vec::new(), Vec::new());
-            // Interleaved, so that both see the same machine.
+            let (mut without, mut with, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            // Interleaved in pairs, so that both runs of a pair see the same
+            // machine (its speed drifts over seconds to minutes).
             for _ in 0..runs {
-                without.push(nexmark(query, events, workers, false));
-                with.push(nexmark(query, events, workers, true));
+                let (a, b) = (nexmark(query, events, workers, false), nexmark(query, events, workers, true));
+                without.push(a);
+                with.push(b);
+                ratios.push(b / a);
             }
-            let (a, b) = (median(without), median(with));
-            println!("| {query} | {workers} | {:.2} M | {:.2} M | {:.3} |", a / 1e6, b / 1e6, b / a);
+            let low = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            let high = ratios.iter().copied().fold(0.0, f64::max);
+            let (a, b, r) = (median(without), median(with), median(ratios));
+            println!(
+                "| {query} | {workers} | {:.2} M | {:.2} M | {:.3} | {r:.3} ({low:.2}–{high:.2}) |",
+                a / 1e6,
+                b / 1e6,
+                b / a
+            );
         }
     }
     println!();

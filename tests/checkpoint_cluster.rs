@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 #[path = "common/crash.rs"]
 mod crash;
-use crash::{seed, Rng, Scratch};
+use crash::{committed_parts, events_file, plain_rows, seed, Rng, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_highwater");
 
@@ -84,15 +84,6 @@ fn free_ports(processes: usize) -> Vec<u16> {
     }
     *state = rng.0;
     ports
-}
-
-/// Nexmark events as a JSON Lines file (the file source rewinds by byte offset).
-fn events_file(dir: &Path, events: u64) -> PathBuf {
-    let path = dir.join("events.jsonl");
-    let out =
-        Command::new(BIN).args(["generate", "--events", &events.to_string(), "--output"]).arg(&path).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    path
 }
 
 /// How a run is laid out: processes × workers (threads per process).
@@ -229,29 +220,7 @@ impl Job {
     /// The committed output: every part's data rows, parts in name order.
     /// Each part starts with the header row; nothing is left pending.
     fn committed(&self) -> String {
-        let mut parts: Vec<PathBuf> = std::fs::read_dir(&self.output)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "csv"))
-            .collect();
-        parts.sort();
-        let mut rows = String::new();
-        let mut header: Option<String> = None;
-        for part in parts {
-            let name = part.file_name().unwrap().to_string_lossy().into_owned();
-            assert!(name.starts_with("part-"), "unexpected file {} in the output directory", part.display());
-            let text = std::fs::read_to_string(&part).unwrap();
-            let (first, data) = text.split_once('\n').unwrap_or((&text, ""));
-            match &header {
-                None => header = Some(first.to_owned()),
-                Some(h) => assert_eq!(h, first, "{} starts with a different header", part.display()),
-            }
-            assert!(!data.is_empty(), "{} holds no rows (empty parts are not written)", part.display());
-            rows.push_str(data);
-        }
-        let pending = std::fs::read_dir(self.output.join(".pending")).map(|d| d.count()).unwrap_or(0);
-        assert_eq!(pending, 0, "parts left pending after a completed run");
-        rows
+        committed_parts(&self.output)
     }
 
     fn remove(&self) {
@@ -422,24 +391,6 @@ fn await_checkpoint(job: &Job, cluster: &mut Cluster, than: Option<u64>) -> Opti
     }
 }
 
-/// The query's rows without checkpoints (plain CSV output), sorted.
-fn plain_rows(query: &str, input: &Path, dir: &Path) -> Vec<String> {
-    let csv = dir.join(format!("{query}-plain.csv"));
-    let out = Command::new(BIN)
-        .args(["nexmark", "-q", query, "--input"])
-        .arg(input)
-        .arg("--output")
-        .arg(&csv)
-        .args(["--", "-w", "2"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = std::fs::read_to_string(&csv).unwrap();
-    let mut rows: Vec<String> = text.lines().skip(1).map(str::to_owned).collect();
-    rows.sort();
-    rows
-}
-
 /// The committed output of an uninterrupted single-process run (1 process ×
 /// 2 workers), checked against the plain CSV output of the query.
 fn reference(query: &'static str, input: &Path, dir: &Path) -> String {
@@ -449,7 +400,10 @@ fn reference(query: &'static str, input: &Path, dir: &Path) -> String {
     let mut sorted: Vec<String> = rows.lines().map(str::to_owned).collect();
     sorted.sort();
     assert!(!sorted.is_empty(), "{query} produced no rows: a vacuous test");
-    assert_eq!(sorted, plain_rows(query, input, dir), "{query}: committed parts differ from the plain output");
+    let plain = plain_rows(query, dir, |cmd| {
+        cmd.arg("--input").arg(input);
+    });
+    assert_eq!(sorted, plain, "{query}: committed parts differ from the plain output");
     eprintln!("{query}: reference run (1 process × 2 workers) took {took:?}, {} rows", sorted.len());
     job.remove();
     rows

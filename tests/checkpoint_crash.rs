@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 #[path = "common/crash.rs"]
 mod crash;
-use crash::{seed, Rng, Scratch};
+use crash::{committed_parts, events_file, plain_rows, seed, Rng, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_highwater");
 
@@ -84,45 +84,8 @@ impl Job {
     /// The committed output: every part's data rows, parts in name order.
     /// Each part starts with the header row; nothing is left pending.
     fn committed(&self) -> String {
-        let mut parts: Vec<PathBuf> = std::fs::read_dir(&self.output)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "csv"))
-            .collect();
-        parts.sort();
-        let mut rows = String::new();
-        let mut header: Option<String> = None;
-        for part in parts {
-            let text = std::fs::read_to_string(&part).unwrap();
-            let (first, data) = text.split_once('\n').unwrap_or((&text, ""));
-            match &header {
-                None => header = Some(first.to_owned()),
-                Some(h) => assert_eq!(h, first, "{} starts with a different header", part.display()),
-            }
-            assert!(!data.is_empty(), "{} holds no rows (empty parts are not written)", part.display());
-            rows.push_str(data);
-        }
-        let pending = std::fs::read_dir(self.output.join(".pending")).map(|d| d.count()).unwrap_or(0);
-        assert_eq!(pending, 0, "parts left pending after a completed run");
-        rows
+        committed_parts(&self.output)
     }
-}
-
-/// The query's rows without checkpoints (plain CSV output), sorted.
-fn plain_rows(query: &str, input: &Input, dir: &Path) -> Vec<String> {
-    let csv = dir.join(format!("{query}-plain.csv"));
-    let mut cmd = Command::new(BIN);
-    cmd.args(["nexmark", "-q", query, "--partitions", "4"]);
-    match input {
-        Input::Generator(n) => cmd.args(["--events", &n.to_string()]),
-        Input::File(path) => cmd.arg("--input").arg(path),
-    };
-    let out = cmd.arg("--output").arg(&csv).args(["--", "-w", "2"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = std::fs::read_to_string(&csv).unwrap();
-    let mut rows: Vec<String> = text.lines().skip(1).map(str::to_owned).collect();
-    rows.sort();
-    rows
 }
 
 /// The uninterrupted run's committed output, checked against the plain CSV
@@ -135,7 +98,14 @@ fn reference(query: &'static str, input: &Input, dir: &Path) -> (String, Duratio
     let rows = job.committed();
     let mut sorted = table_of(&job, &rows);
     sorted.sort();
-    assert_eq!(sorted, plain_rows(query, input, dir), "{query}: committed parts differ from the plain output");
+    let plain = plain_rows(query, dir, |cmd| {
+        cmd.args(["--partitions", "4"]);
+        match input {
+            Input::Generator(n) => cmd.args(["--events", &n.to_string()]),
+            Input::File(path) => cmd.arg("--input").arg(path),
+        };
+    });
+    assert_eq!(sorted, plain, "{query}: committed parts differ from the plain output");
     assert!(!sorted.is_empty(), "{query} produced no rows: a vacuous test");
     (rows, took)
 }
@@ -235,15 +205,6 @@ fn assert_same(query: &str, got: &str, expected: &str, kills: usize, ordered: bo
 
 fn kills() -> usize {
     std::env::var("HIGHWATER_CRASH_KILLS").ok().and_then(|s| s.parse().ok()).unwrap_or(21)
-}
-
-/// Nexmark events as a JSON Lines file (the file source rewinds by byte offset).
-fn events_file(dir: &Path, events: u64) -> PathBuf {
-    let path = dir.join("events.jsonl");
-    let out =
-        Command::new(BIN).args(["generate", "--events", &events.to_string(), "--output"]).arg(&path).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    path
 }
 
 #[test]

@@ -78,7 +78,7 @@ pub(super) struct NexmarkArgs {
     #[arg(long, default_value_t = 4096)]
     batch_size: usize,
     /// Records in flight (read, not yet past the outputs) before sources pause.
-    #[arg(long, default_value_t = 500_000)]
+    #[arg(long, default_value_t = 100_000)]
     max_in_flight: usize,
     /// Print a progress line every second.
     #[arg(long)]

@@ -100,7 +100,7 @@ impl Default for SourceOptions {
             watermark: WatermarkStrategy::default(),
             idle_timeout: Some(Duration::from_secs(5)),
             batch_size: 4096,
-            max_in_flight: 500_000,
+            max_in_flight: 100_000,
             start_offsets: Vec::new(),
             board: WatermarkBoard::default(),
             checkpoints: None,

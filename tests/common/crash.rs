@@ -1,8 +1,66 @@
-//! Helpers of the crash tests: scratch directories and replayable kill times.
+//! Helpers of the crash tests: scratch directories, replayable kill times,
+//! input files, and the committed and plain outputs of a query.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_highwater");
+
+/// Nexmark events as a JSON Lines file (the file source rewinds by byte offset).
+pub(crate) fn events_file(dir: &Path, events: u64) -> PathBuf {
+    let path = dir.join("events.jsonl");
+    let out =
+        Command::new(BIN).args(["generate", "--events", &events.to_string(), "--output"]).arg(&path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    path
+}
+
+/// The data rows of the part files committed to `output`, in the parts'
+/// order. Every part is a `part-*.csv` that starts with the same header and
+/// holds rows, and none is left pending.
+pub(crate) fn committed_parts(output: &Path) -> String {
+    let mut parts: Vec<PathBuf> = std::fs::read_dir(output)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "csv"))
+        .collect();
+    parts.sort();
+    let mut rows = String::new();
+    let mut header: Option<String> = None;
+    for part in parts {
+        let name = part.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.starts_with("part-"), "unexpected file {} in the output directory", part.display());
+        let text = std::fs::read_to_string(&part).unwrap();
+        let (first, data) = text.split_once('\n').unwrap_or((&text, ""));
+        match &header {
+            None => header = Some(first.to_owned()),
+            Some(h) => assert_eq!(h, first, "{} starts with a different header", part.display()),
+        }
+        assert!(!data.is_empty(), "{} holds no rows (empty parts are not written)", part.display());
+        rows.push_str(data);
+    }
+    let pending = std::fs::read_dir(output.join(".pending")).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(pending, 0, "parts left pending after a completed run");
+    rows
+}
+
+/// The query's rows without checkpoints (its plain CSV output, 2 workers),
+/// sorted; `input` adds the source's arguments to the command.
+pub(crate) fn plain_rows(query: &str, dir: &Path, input: impl FnOnce(&mut Command)) -> Vec<String> {
+    let csv = dir.join(format!("{query}-plain.csv"));
+    let mut cmd = Command::new(BIN);
+    cmd.args(["nexmark", "-q", query]);
+    input(&mut cmd);
+    let out = cmd.arg("--output").arg(&csv).args(["--", "-w", "2"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut rows: Vec<String> = text.lines().skip(1).map(str::to_owned).collect();
+    rows.sort();
+    rows
+}
 
 /// A scratch directory, removed on drop.
 pub(crate) struct Scratch(pub(crate) PathBuf);

@@ -473,7 +473,15 @@ impl Checkpoints {
         state.final_announced || state.error.is_some()
     }
 
-    /// The oldest cut after `done` not yet collected everywhere.
+    /// While the processes choose the next cut: one above the latest time
+    /// this process has published (see [`StateStore::choosing`]).
+    pub fn choosing(&self) -> Option<Timestamp> {
+        self.0.membership.as_ref()?;
+        let state = lock(&self.0.state);
+        (state.frozen && state.error.is_none()).then(|| state.max_published.saturating_add(1))
+    }
+
+    /// The oldest cut after `done` not yet collected in this process.
     pub fn cut_after(&self, done: Option<CheckpointId>) -> Option<Cut> {
         let latest = self.0.latest.load(Ordering::Acquire);
         if latest == 0 || done.is_some_and(|d| d + 1 >= latest) {
@@ -813,6 +821,7 @@ fn listen(
                     if state.final_announced || state.error.is_some() {
                         state.frozen = false;
                         inner.changed.notify_all();
+                        wake(inner);
                     } else {
                         let time = answers.values().fold(state.max_published, |a, b| a.max(*b)).saturating_add(1);
                         announce(inner, &mut state, time);
@@ -1158,6 +1167,10 @@ pub struct WorkerStore {
 impl StateStore for WorkerStore {
     fn cut_after(&self, done: Option<CheckpointId>) -> Option<Cut> {
         self.checkpoints.cut_after(done)
+    }
+
+    fn choosing(&self) -> Option<Timestamp> {
+        self.checkpoints.choosing()
     }
 
     fn register(&self, operator: &str) {

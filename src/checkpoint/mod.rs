@@ -51,9 +51,6 @@
 //! - A cut completes when the sources' watermarks pass its time: while every
 //!   source is stalled (no records, no watermark progress) no new checkpoint
 //!   completes. Nothing is lost meanwhile: recovery replays from the last one.
-//! - CEP pattern matching serializes its partial matches on the worker thread
-//!   at the cut (~60 ns per entry: they share `Rc` nodes, which cannot move
-//!   to another thread); every other operator in the background.
 //! - A recovered run equals an uninterrupted one when lateness decisions do
 //!   not depend on processing time (records late only with respect to their
 //!   own partition's watermark), as in an uninterrupted run repeated. Rows of

@@ -94,18 +94,38 @@ where
     builder.build(move |mut capabilities| {
         let mut cap = capabilities.pop();
         let mut stash: BTreeMap<Timestamp, Vec<Vec<Update<D>>>> = BTreeMap::new();
+        // This activation's input, read before the cut is looked up.
+        let mut arrived: Vec<(Timestamp, Vec<Update<D>>)> = Vec::new();
         // The last cut the operator has submitted.
         let mut open_upto: Option<CheckpointId> = None;
         // After a recovery from a cut at `T`, updates before `T` can only be
         // replays of restored collections.
         let replayed_below = store.restored_time().unwrap_or(0);
         move |frontiers| {
-            let mut limit = None;
+            // The input first, then the cut. Sources publish a time before
+            // they emit at it, and a cut lies above every time published when
+            // it begins, so an update at or after a cut's time was sent after
+            // the cut began: once it has been read here, the cut is known. The
+            // other way round, a cut begun (and an update past it sent by
+            // another worker) while this gate reads would go unnoticed.
+            input.for_each_stamp(|at, data| {
+                let time = arrival_time(&at);
+                if time < replayed_below {
+                    // A replay of state the operator has restored (see
+                    // `EventStream::as_collection`): already in its state.
+                    data.for_each(Vec::clear);
+                    return;
+                }
+                arrived.extend(data.map(|batch| (time, std::mem::take(batch))));
+            });
+            // While the processes choose a cut, and then the cuts begun here
+            // (in this order: choosing ends when the cut begins).
+            let mut limit = store.choosing();
             while let Some(cut) = store.cut_after(open_upto).filter(|c| !c.is_final()) {
                 if shared.done.get().is_some_and(|d| d >= cut.id) {
                     open_upto = Some(cut.id);
                 } else {
-                    limit = Some(cut.time);
+                    limit = Some(limit.map_or(cut.time, |l| l.min(cut.time)));
                     break;
                 }
             }
@@ -122,22 +142,15 @@ where
                     session.give_container(&mut batch);
                 }
             }
-            input.for_each_stamp(|at, data| {
-                let time = arrival_time(&at);
-                if time < replayed_below {
-                    // A replay of state the operator has restored (see
-                    // `EventStream::as_collection`): already in its state.
-                    data.for_each(Vec::clear);
-                    return;
+            for (time, mut batch) in arrived.drain(..) {
+                if limit.is_some_and(|l| time >= l) {
+                    stash.entry(time).or_default().push(batch);
+                } else {
+                    let at =
+                        cap.as_ref().expect("an update arrived: the input frontier is at or below it").delayed(&time);
+                    output.session(&at).give_container(&mut batch);
                 }
-                for batch in data {
-                    if limit.is_some_and(|l| time >= l) {
-                        stash.entry(time).or_default().push(std::mem::take(batch));
-                    } else {
-                        output.session(&at).give_container(batch);
-                    }
-                }
-            });
+            }
             let frontier = frontiers[0].frontier().as_option().copied();
             let target = [frontier, limit, stash.keys().next().copied()].into_iter().flatten().min();
             match target {

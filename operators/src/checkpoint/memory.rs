@@ -36,6 +36,9 @@ struct Shared {
     submitted: BTreeMap<CheckpointId, BTreeMap<String, BTreeMap<usize, Vec<Entry>>>>,
     /// Operators' wakers.
     wakers: Vec<Arc<dyn Fn() + Send + Sync>>,
+    /// A cut begun on worker 0 that the other workers do not see yet, as if
+    /// they were another process still waiting for its announcement.
+    unannounced: Option<Cut>,
 }
 
 /// A checkpoint held in memory: its time and every operator's entries.
@@ -83,6 +86,28 @@ impl MemoryStore {
 
     fn lock(&self) -> MutexGuard<'_, Shared> {
         self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Begins checkpoint `id` at `time` on worker 0 only: the other workers
+    /// see it once [`announce`](Self::announce)d, and meanwhile see the
+    /// processes choosing a cut at `time` ([`StateStore::choosing`]), as the
+    /// processes of a job do while the coordinator's announcement travels.
+    pub fn begin_on_first(&self, id: CheckpointId, time: Timestamp) {
+        self.lock().unannounced = Some(Cut { id, time });
+        self.begin(id, time);
+    }
+
+    /// Shows the cut begun by [`begin_on_first`](Self::begin_on_first) to
+    /// every worker and wakes the operators.
+    pub fn announce(&self) {
+        let wakers = {
+            let mut shared = self.lock();
+            shared.unannounced = None;
+            shared.wakers.clone()
+        };
+        for wake in wakers {
+            wake();
+        }
     }
 
     /// Begins checkpoint `id` at `time` and wakes the operators.
@@ -152,7 +177,13 @@ pub struct WorkerView {
 
 impl StateStore for WorkerView {
     fn cut_after(&self, done: Option<CheckpointId>) -> Option<Cut> {
-        self.store.lock().cuts.iter().find(|c| done.is_none_or(|d| c.id > d)).copied()
+        let shared = self.store.lock();
+        let hidden = shared.unannounced.filter(|_| self.worker != 0);
+        shared.cuts.iter().filter(|c| hidden != Some(**c)).find(|c| done.is_none_or(|d| c.id > d)).copied()
+    }
+
+    fn choosing(&self) -> Option<Timestamp> {
+        self.store.lock().unannounced.filter(|_| self.worker != 0).map(|c| c.time)
     }
 
     fn register(&self, operator: &str) {
@@ -208,6 +239,10 @@ pub struct Recovery<O: Ord> {
 /// checkpoint at `cut` on `before` workers and a recovery from it on `after`
 /// workers fed the input that arrives at `cut` or later; returns both outputs.
 ///
+/// The checkpoint begins while the dataflow runs, as a source would begin it:
+/// when the input has been sent up to `cut` and the next update is at or
+/// after it (the other workers' operators meanwhile run on).
+///
 /// # Panics
 /// If a worker panics, or the checkpoint does not complete.
 ///
@@ -232,19 +267,56 @@ where
     O: Data + Ord + Send,
     B: for<'s> Fn(&EventStream<'s, D>) -> EventStream<'s, O> + Send + Sync + 'static,
 {
+    recovery(input, cut, before, after, build, false)
+}
+
+/// As [`check_recovery`], with the cut seen late by the workers other than
+/// worker 0 (which sends the input), as by the other processes of a job: they
+/// learn of it only after all the input has been sent, updates past the cut
+/// included, and until then see the processes choosing a cut.
+///
+/// # Panics
+/// As [`check_recovery`].
+pub fn check_recovery_announced_late<D, O, B>(
+    input: &[Input<D>],
+    cut: Timestamp,
+    before: usize,
+    after: usize,
+    build: B,
+) -> Recovery<O>
+where
+    D: Data + Send + Sync,
+    O: Data + Ord + Send,
+    B: for<'s> Fn(&EventStream<'s, D>) -> EventStream<'s, O> + Send + Sync + 'static,
+{
+    recovery(input, cut, before, after, build, true)
+}
+
+fn recovery<D, O, B>(
+    input: &[Input<D>],
+    cut: Timestamp,
+    before: usize,
+    after: usize,
+    build: B,
+    late: bool,
+) -> Recovery<O>
+where
+    D: Data + Send + Sync,
+    O: Data + Ord + Send,
+    B: for<'s> Fn(&EventStream<'s, D>) -> EventStream<'s, O> + Send + Sync + 'static,
+{
     let input: Arc<Vec<Input<D>>> = Arc::new(input.to_vec());
     let build = Arc::new(build);
     let expected = run(&input, before, None, &build, |_| true);
     // Checkpointed at the cut, then crashed: only output before the cut is committed.
     let store = MemoryStore::new(before, None);
-    store.begin(1, cut);
-    let first = run(&input, before, Some(store.clone()), &build, move |t| t < cut);
+    let first = run_from(&input, before, Some((store.clone(), Some((cut, late)))), &build, move |t| t < cut, 0);
     let checkpoint = store.checkpoint(1).expect("the checkpoint completes once the input is closed");
     let unsupported = store.unsupported();
     // Recovered: the state as of the cut, and the input from the cut on.
     let rewound: Arc<Vec<Input<D>>> = Arc::new(input.iter().filter(|u| u.3 >= cut).cloned().collect());
     let restored = MemoryStore::new(after, Some(checkpoint.clone()));
-    let second = run_from(&rewound, after, Some(restored), &build, move |t| t >= cut, cut);
+    let second = run_from(&rewound, after, Some((restored, None)), &build, move |t| t >= cut, cut);
     let mut recovered = first;
     for (key, diff) in second {
         *recovered.entry(key).or_insert(0) += diff;
@@ -265,13 +337,18 @@ where
     O: Data + Ord + Send,
     B: for<'s> Fn(&EventStream<'s, D>) -> EventStream<'s, O> + Send + Sync + 'static,
 {
-    run_from(input, workers, store, build, keep, 0)
+    run_from(input, workers, store.map(|s| (s, None)), build, keep, 0)
 }
 
+/// Runs `build` over `input` from `start` on, with `store` installed; with
+/// `Some((cut, late))` beside it, worker 0 (which sends the input) begins
+/// checkpoint 1 at `cut` before it sends the first update that arrives at or
+/// after it; `late`, for itself only, announcing it to the others once it has
+/// sent all the input.
 fn run_from<D, O, B>(
     input: &Arc<Vec<Input<D>>>,
     workers: usize,
-    store: Option<MemoryStore>,
+    store: Option<(MemoryStore, Option<(Timestamp, bool)>)>,
     build: &Arc<B>,
     keep: impl Fn(Timestamp) -> bool + Send + Sync + 'static,
     start: Timestamp,
@@ -286,7 +363,9 @@ where
     let (input, build, out) = (Arc::clone(input), Arc::clone(build), Arc::clone(&collected));
     let guards = timely::execute(timely::Config::process(workers), move |worker| {
         let index = worker.index();
-        super::install(store.as_ref().map(|s| Rc::new(s.worker(index)) as Rc<dyn StateStore>));
+        super::install(store.as_ref().map(|(s, _)| Rc::new(s.worker(index)) as Rc<dyn StateStore>));
+        let mut begin = store.as_ref().filter(|_| index == 0).and_then(|(s, cut)| cut.map(|c| (s.clone(), c)));
+        let mut announce: Option<MemoryStore> = None;
         let mut handle: InputHandle<Timestamp, CapacityContainerBuilder<Vec<Update<D>>>> = InputHandle::new();
         let (out, keep) = (Arc::clone(&out), Arc::clone(&keep));
         worker.dataflow::<Timestamp, _, _>(|scope| {
@@ -308,12 +387,37 @@ where
         if index == 0 {
             let mut sorted: Vec<&Input<D>> = input.iter().collect();
             sorted.sort_by_key(|u| u.3);
+            let begin_cut = |store: &MemoryStore, (cut, late): (Timestamp, bool)| {
+                if late {
+                    store.begin_on_first(1, cut);
+                } else {
+                    store.begin(1, cut);
+                }
+            };
             for (record, time, diff, arrival) in sorted {
+                if let Some((store, at)) = begin.as_ref().filter(|(_, (cut, _))| *arrival >= *cut) {
+                    begin_cut(store, *at);
+                    announce = at.1.then(|| store.clone());
+                    begin = None;
+                }
                 if *arrival > *handle.time() {
                     handle.advance_to(*arrival);
                     worker.step();
                 }
                 handle.send((record.clone(), *time, *diff));
+            }
+            if let Some((store, at)) = begin.take() {
+                begin_cut(&store, at);
+                announce = at.1.then(|| store.clone());
+            }
+            if let Some(store) = announce.take() {
+                // The others run on meanwhile, reading what was sent past the cut.
+                handle.advance_to(*handle.time() + 1);
+                let until = std::time::Instant::now() + Duration::from_millis(50);
+                while std::time::Instant::now() < until {
+                    worker.step();
+                }
+                store.announce();
             }
         }
         handle.close();

@@ -15,8 +15,9 @@
 //! 2. when its frontier reaches `T`, fires what the watermark `T` completes,
 //!    serializes its state into [`Entry`]s and [`submit`](StateStore::submit)s
 //!    them: the state as of `T`. The gate then lets the held-back updates
-//!    through, whatever the operator's instances on other workers are at. Data keeps flowing everywhere else, and the entries are written
-//!    out by the runtime on a background thread;
+//!    through, whatever the operator's instances on other workers are at.
+//!    Data keeps flowing everywhere else, and the entries are written out by
+//!    the runtime on a background thread;
 //! 3. on recovery, gets back the entries whose routing hash falls on its worker
 //!    ([`StateStore::restored`]), whatever the number of workers the
 //!    checkpoint was taken with, and resumes with its frontier at `T`.
@@ -129,8 +130,18 @@ impl Restored {
 /// What a worker's operators see of the checkpointing runtime.
 pub trait StateStore {
     /// The oldest begun checkpoint after `done` (or after the restored one,
-    /// if `done` is `None`) that is not yet complete everywhere.
+    /// if `done` is `None`) that this process has not yet collected (its
+    /// operators, sources and sinks have not all handed over their part).
     fn cut_after(&self, done: Option<CheckpointId>) -> Option<Cut>;
+    /// While the processes of a job choose the next cut (a round trip on the
+    /// network, during which this process's sources publish no later time):
+    /// one above the latest time this process has published. The cut will
+    /// lie at or above it, and another process that has already heard of the
+    /// cut may send updates past it, so gates hold back updates from this
+    /// time on. `None` otherwise, and in a single process.
+    fn choosing(&self) -> Option<Timestamp> {
+        None
+    }
     /// Declares a checkpointable operator, by a name stable across runs of
     /// the same program (its name and its address in the dataflow).
     fn register(&self, operator: &str);
@@ -192,8 +203,6 @@ struct Shared {
     done: Cell<Option<CheckpointId>>,
     /// The gates to wake when the operator has submitted.
     gates: RefCell<Vec<Activator>>,
-    /// The operator's registered name.
-    name: RefCell<String>,
 }
 
 /// A checkpointable operator's link to the installed [`StateStore`].
@@ -222,11 +231,7 @@ impl Checkpointer {
     /// A checkpointer for an operator about to be built, if a store is installed.
     pub(crate) fn new() -> Option<Self> {
         let store = installed()?;
-        let shared = Rc::new(Shared {
-            done: Cell::new(None),
-            gates: RefCell::new(Vec::new()),
-            name: RefCell::new(String::new()),
-        });
+        let shared = Rc::new(Shared { done: Cell::new(None), gates: RefCell::new(Vec::new()) });
         Some(Checkpointer { store, shared, name: String::new(), waker: None })
     }
 
@@ -261,7 +266,6 @@ impl Checkpointer {
         self.store.on_cut(Box::new(move || {
             let _ = activator.activate();
         }));
-        *self.shared.name.borrow_mut() = self.name.clone();
     }
 
     /// Takes the state as of `cut` without pausing the worker: `state` is

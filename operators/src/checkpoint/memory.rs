@@ -364,8 +364,8 @@ where
     let guards = timely::execute(timely::Config::process(workers), move |worker| {
         let index = worker.index();
         super::install(store.as_ref().map(|(s, _)| Rc::new(s.worker(index)) as Rc<dyn StateStore>));
-        let mut begin = store.as_ref().filter(|_| index == 0).and_then(|(s, cut)| cut.map(|c| (s.clone(), c)));
-        let mut announce: Option<MemoryStore> = None;
+        // Worker 0 sends the input, and begins the checkpoint if there is one.
+        let checkpoint = store.as_ref().filter(|_| index == 0).and_then(|(s, cut)| cut.map(|(c, late)| (s, c, late)));
         let mut handle: InputHandle<Timestamp, CapacityContainerBuilder<Vec<Update<D>>>> = InputHandle::new();
         let (out, keep) = (Arc::clone(&out), Arc::clone(&keep));
         worker.dataflow::<Timestamp, _, _>(|scope| {
@@ -387,18 +387,19 @@ where
         if index == 0 {
             let mut sorted: Vec<&Input<D>> = input.iter().collect();
             sorted.sort_by_key(|u| u.3);
-            let begin_cut = |store: &MemoryStore, (cut, late): (Timestamp, bool)| {
-                if late {
-                    store.begin_on_first(1, cut);
-                } else {
-                    store.begin(1, cut);
+            let mut begun = false;
+            let mut begin = || {
+                if let Some((store, cut, late)) = checkpoint.filter(|_| !std::mem::replace(&mut begun, true)) {
+                    if late {
+                        store.begin_on_first(1, cut);
+                    } else {
+                        store.begin(1, cut);
+                    }
                 }
             };
             for (record, time, diff, arrival) in sorted {
-                if let Some((store, at)) = begin.as_ref().filter(|(_, (cut, _))| *arrival >= *cut) {
-                    begin_cut(store, *at);
-                    announce = at.1.then(|| store.clone());
-                    begin = None;
+                if checkpoint.is_some_and(|(_, cut, _)| *arrival >= cut) {
+                    begin();
                 }
                 if *arrival > *handle.time() {
                     handle.advance_to(*arrival);
@@ -406,11 +407,9 @@ where
                 }
                 handle.send((record.clone(), *time, *diff));
             }
-            if let Some((store, at)) = begin.take() {
-                begin_cut(&store, at);
-                announce = at.1.then(|| store.clone());
-            }
-            if let Some(store) = announce.take() {
+            // No update at or after the cut: begun once all is sent.
+            begin();
+            if let Some((store, _, true)) = checkpoint {
                 // The others run on meanwhile, reading what was sent past the cut.
                 handle.advance_to(*handle.time() + 1);
                 let until = std::time::Instant::now() + Duration::from_millis(50);

@@ -241,22 +241,6 @@ impl Checkpointer {
         gate::gate(stream, Pipeline, Rc::clone(&self.store), Rc::clone(&self.shared))
     }
 
-    /// Gates `stream`, one of the operator's inputs that is exchanged by
-    /// `route`: the gate exchanges it, and the operator reads the gated
-    /// stream with the returned pact, in place.
-    pub(crate) fn gate_keyed<'scope, D, F>(
-        &self,
-        stream: &EventStream<'scope, D>,
-        route: F,
-    ) -> (EventStream<'scope, D>, KeyPact<F>)
-    where
-        D: Data,
-        F: FnMut(&Update<D>) -> u64 + 'static,
-    {
-        let gated = gate::gate(stream, KeyPact::Exchange(route), Rc::clone(&self.store), Rc::clone(&self.shared));
-        (gated, KeyPact::Local)
-    }
-
     /// Registers the operator under `name` at `address` in `scope`.
     pub(crate) fn register(&mut self, name: &str, address: &[usize], scope: &timely::dataflow::Scope<'_, Timestamp>) {
         self.name = format!("{name}@{address:?}");
@@ -378,7 +362,10 @@ where
     F: FnMut(&Update<D>) -> u64 + 'static,
 {
     match checkpointer {
-        Some(c) => c.gate_keyed(stream, route),
+        Some(c) => {
+            let gated = gate::gate(stream, KeyPact::Exchange(route), Rc::clone(&c.store), Rc::clone(&c.shared));
+            (gated, KeyPact::Local)
+        }
         None => (stream.clone(), KeyPact::Exchange(route)),
     }
 }

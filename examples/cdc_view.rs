@@ -88,9 +88,12 @@ fn main() -> anyhow::Result<()> {
             });
             changes.dead_letters.inspect(|(d, _, _)| eprintln!("dead letter: {d}"));
         });
+        // A source that fails for good (the server gone) stops the job.
+        let _ = highwater::source::run_until_failed(worker, &[&metrics]);
     });
-    for e in errors.errors() {
-        eprintln!("error: {e}");
+    let problems = errors.errors();
+    if !problems.is_empty() {
+        anyhow::bail!("{}", problems.join("; "));
     }
     Ok(())
 }

@@ -44,13 +44,17 @@ fi
 log "cargo fmt --check"
 cargo fmt --all -- --check
 
+# The crash tests use kill points, which only the `fault-injection` feature
+# compiles in (see src/checkpoint/kill.rs).
+features=(--features highwater/fault-injection)
+
 log "cargo clippy"
-cargo clippy --workspace --all-targets --release -- -D warnings
+cargo clippy --workspace --all-targets --release "${features[@]}" -- -D warnings
 
 log "cargo test (unit, integration, property, golden, doc)"
 # Benchmarks are built (by clippy above) but not run: they take minutes.
-cargo test --workspace --release --lib --bins --tests --examples
-cargo test --workspace --release --doc
+cargo test --workspace --release "${features[@]}" --lib --bins --tests --examples
+cargo test --workspace --release "${features[@]}" --doc
 
 log "cargo test (operators, debug: timely's capability checks are debug assertions)"
 cargo test -p highwater-operators --tests

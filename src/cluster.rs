@@ -1,5 +1,10 @@
 //! Cluster start-up: workers and processes from timely's `-w -n -p -h`.
 
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
 /// A bad cluster argument, naming it and what was expected.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid cluster arguments {args:?}: {reason} (expected -w THREADS, -n PROCESSES, -p INDEX, -h HOSTFILE)")]
@@ -86,54 +91,170 @@ pub fn checkpoint_membership(
     }))
 }
 
-/// Runs `func` on every worker of `config`, like [`timely::execute`].
+/// Gives up the start of a job of several processes from another thread.
 ///
-/// While the processes of a cluster connect, timely prints its progress on
-/// standard output; that output belongs to the program (CSV rows), so during
-/// the connection phase standard output is pointed at standard error.
-pub fn execute<T, F>(config: timely::Config, func: F) -> Result<timely::communication::WorkerGuards<T>, String>
+/// While the processes connect, [`execute_abortable`] waits for its peers
+/// (timely's own connection would retry forever); once [`abort`](Self::abort)
+/// is called, for example by the checkpoint coordinator when a peer is gone
+/// before the job started, the wait ends with that reason as the error.
+/// Clones share the signal.
+#[derive(Clone, Debug, Default)]
+pub struct Abort(Arc<Mutex<Option<String>>>);
+
+impl Abort {
+    /// A signal not yet given.
+    pub fn new() -> Self {
+        Abort::default()
+    }
+
+    /// Gives up the start for `reason` (the first reason given stays).
+    pub fn abort(&self, reason: impl Into<String>) {
+        let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        slot.get_or_insert_with(|| reason.into());
+    }
+
+    /// The reason, once the start was given up.
+    pub fn reason(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Why the workers of a job could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Connecting to the other processes failed.
+    #[error("connecting the processes: {0}")]
+    Connect(String),
+    /// Another part of the program gave up the start (see [`Abort`]).
+    #[error("{0}")]
+    Aborted(String),
+    /// Timely could not start the workers.
+    #[error("starting the workers: {0}")]
+    Workers(String),
+}
+
+/// Runs `func` on every worker of `config`, like [`timely::execute`].
+pub fn execute<T, F>(config: timely::Config, func: F) -> Result<timely::communication::WorkerGuards<T>, StartError>
 where
     T: Send + 'static,
     F: Fn(&mut timely::worker::Worker) -> T + Send + Sync + 'static,
 {
-    let clustered = matches!(config.communication, timely::CommunicationConfig::Cluster { .. });
-    let (allocators, others) = if clustered {
-        let _redirect = StdoutToStderr::new();
-        config.communication.try_build()?
-    } else {
-        config.communication.try_build()?
+    execute_abortable(config, &Abort::new(), func)
+}
+
+/// [`execute`], giving up while the processes connect once `abort` is given.
+///
+/// The processes of a cluster are connected here rather than by timely,
+/// whose connection prints its progress on standard output (which belongs
+/// to the program: CSV rows) and retries forever; here progress goes to the
+/// log and the wait ends when `abort` is given.
+pub fn execute_abortable<T, F>(
+    config: timely::Config,
+    abort: &Abort,
+    func: F,
+) -> Result<timely::communication::WorkerGuards<T>, StartError>
+where
+    T: Send + 'static,
+    F: Fn(&mut timely::worker::Worker) -> T + Send + Sync + 'static,
+{
+    use timely::communication::allocator::zero_copy::initialize::initialize_networking_from_sockets;
+    use timely::communication::allocator::{AllocatorBuilder, ProcessBuilder};
+    use timely::communication::Hooks;
+
+    let (allocators, others): (Vec<AllocatorBuilder>, Box<dyn std::any::Any + Send>) = match config.communication {
+        timely::CommunicationConfig::Cluster { threads, process, addresses, zerocopy, .. } => {
+            let sockets = connect(&addresses, process, abort)?;
+            let hooks = Hooks::default();
+            let local = if zerocopy {
+                ProcessBuilder::new_bytes_vector(threads, hooks.refill.clone(), hooks.spill.clone())
+            } else {
+                ProcessBuilder::new_typed_vector(threads, hooks.refill.clone(), hooks.spill.clone())
+            };
+            let (builders, guard) = initialize_networking_from_sockets(local, sockets, process, threads, hooks)
+                .map_err(|e| StartError::Connect(e.to_string()))?;
+            (builders.into_iter().map(AllocatorBuilder::Tcp).collect(), Box::new(guard))
+        }
+        communication => communication.try_build().map_err(StartError::Workers)?,
     };
-    timely::execute::execute_from(allocators, others, config.worker, func)
+    timely::execute::execute_from(allocators, others, config.worker, func).map_err(StartError::Workers)
 }
 
-/// Points standard output at standard error until dropped.
-struct StdoutToStderr {
-    saved: Option<libc::c_int>,
-}
+/// How often a waiting process retries and looks at its [`Abort`].
+const CONNECT_RETRY: Duration = Duration::from_millis(100);
 
-impl StdoutToStderr {
-    fn new() -> Self {
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
-        // SAFETY: dup/dup2 on the process's own standard descriptors; failures leave them as they were.
-        let saved = unsafe {
-            let saved = libc::dup(libc::STDOUT_FILENO);
-            (saved >= 0 && libc::dup2(libc::STDERR_FILENO, libc::STDOUT_FILENO) >= 0).then_some(saved)
+/// Connects this process (`me`) to the others, as timely's networking does:
+/// it connects to the processes before it, sending its index (a big-endian
+/// `u64`), and accepts the processes after it, reading theirs. The result has
+/// a socket per process, `None` at `me`.
+fn connect(addresses: &[String], me: usize, abort: &Abort) -> Result<Vec<Option<TcpStream>>, StartError> {
+    let aborted = || abort.reason().map(StartError::Aborted);
+    let io = |what: String| move |e: std::io::Error| StartError::Connect(format!("{what}: {e}"));
+    let address = addresses.get(me).ok_or_else(|| StartError::Connect(format!("no address for process {me}")))?;
+    let listeners = address
+        .split_whitespace()
+        .map(|a| {
+            let listener = TcpListener::bind(a).map_err(io(format!("listening at {a}")))?;
+            listener.set_nonblocking(true).map_err(io(format!("listening at {a}")))?;
+            Ok(listener)
+        })
+        .collect::<Result<Vec<_>, StartError>>()?;
+    let mut sockets: Vec<Option<TcpStream>> = (0..addresses.len()).map(|_| None).collect();
+    let mut logged = std::time::Instant::now();
+    for (index, peer) in addresses.iter().enumerate().take(me) {
+        let mut stream = loop {
+            if let Some(e) = aborted() {
+                return Err(e);
+            }
+            match TcpStream::connect(peer) {
+                Ok(stream) => break stream,
+                Err(e) => {
+                    if logged.elapsed() >= Duration::from_secs(1) {
+                        tracing::info!(process = me, peer = index, %peer, "waiting for process {index}: {e}");
+                        logged = std::time::Instant::now();
+                    }
+                    std::thread::sleep(CONNECT_RETRY);
+                }
+            }
         };
-        StdoutToStderr { saved }
+        let what = format!("connecting to process {index} at {peer}");
+        stream.set_nodelay(true).map_err(io(what.clone()))?;
+        stream.write_all(&(me as u64).to_be_bytes()).map_err(io(what))?;
+        tracing::debug!(process = me, peer = index, "connected");
+        sockets[index] = Some(stream);
     }
-}
-
-impl Drop for StdoutToStderr {
-    fn drop(&mut self) {
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
-        if let Some(saved) = self.saved {
-            // SAFETY: restores the descriptor saved in `new` and closes the copy.
-            unsafe {
-                libc::dup2(saved, libc::STDOUT_FILENO);
-                libc::close(saved);
+    while sockets.iter().enumerate().skip(me + 1).any(|(_, s)| s.is_none()) {
+        if let Some(e) = aborted() {
+            return Err(e);
+        }
+        let mut accepted = false;
+        for listener in &listeners {
+            match listener.accept() {
+                Ok((mut stream, from)) => {
+                    let what = format!("accepting a process from {from}");
+                    stream.set_nonblocking(false).map_err(io(what.clone()))?;
+                    stream.set_nodelay(true).map_err(io(what.clone()))?;
+                    let mut index = [0u8; 8];
+                    stream.read_exact(&mut index).map_err(io(what.clone()))?;
+                    let index = u64::from_be_bytes(index) as usize;
+                    if index <= me || index >= addresses.len() || sockets[index].is_some() {
+                        return Err(StartError::Connect(format!("{what}: unexpected process index {index}")));
+                    }
+                    tracing::debug!(process = me, peer = index, "accepted");
+                    sockets[index] = Some(stream);
+                    accepted = true;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(io(format!("accepting at {address}"))(e)),
             }
         }
+        if !accepted {
+            if logged.elapsed() >= Duration::from_secs(1) {
+                let waiting = sockets.iter().skip(me + 1).filter(|s| s.is_none()).count();
+                tracing::info!(process = me, "waiting for {waiting} process(es) to connect");
+                logged = std::time::Instant::now();
+            }
+            std::thread::sleep(CONNECT_RETRY);
+        }
     }
+    Ok(sockets)
 }

@@ -227,6 +227,7 @@ fn random_kills_of_q5_q8_and_sessions_leave_exactly_the_uninterrupted_output() {
 }
 
 /// Runs `job` on `workers` workers until it kills itself at `point`.
+#[cfg(feature = "fault-injection")]
 fn killed_at(point: &str, job: &Job, workers: usize) {
     use std::os::unix::process::ExitStatusExt;
     let out = job.run(workers, Some(point));
@@ -234,6 +235,7 @@ fn killed_at(point: &str, job: &Job, workers: usize) {
     assert_eq!(out.status.signal(), Some(9), "the kill point {point} was not reached: {stderr}");
 }
 
+#[cfg(feature = "fault-injection")]
 #[test]
 fn kills_while_writing_a_shard_the_manifest_or_committing_recover() {
     let scratch = Scratch::new("crash", "points");

@@ -106,6 +106,7 @@ impl Job {
         assert!(out.status.success(), "the job failed: {}", String::from_utf8_lossy(&out.stderr));
     }
 
+    #[cfg(feature = "fault-injection")]
     fn killed_at(&self, point: &str) {
         use std::os::unix::process::ExitStatusExt;
         let out = self.run(Some(point));
@@ -188,6 +189,7 @@ impl Job {
     }
 }
 
+#[cfg(feature = "fault-injection")]
 #[test]
 fn kill_between_pre_commit_and_manifest_then_recover() {
     let cluster = PgCluster::shared();
@@ -205,6 +207,7 @@ fn kill_between_pre_commit_and_manifest_then_recover() {
     job.check_complete("killed writing manifest 2");
 }
 
+#[cfg(feature = "fault-injection")]
 #[test]
 fn kill_between_manifest_and_commit_then_recover() {
     let cluster = PgCluster::shared();
@@ -266,6 +269,7 @@ fn random_kills_then_recover() {
 /// With one checkpoint only, the final one, killed between its manifest and
 /// the sink's commit: the restart finds the job complete and runs no
 /// worker, but still commits the final part.
+#[cfg(feature = "fault-injection")]
 #[test]
 fn kill_before_committing_the_final_checkpoint_then_recover() {
     let cluster = PgCluster::shared();
@@ -312,7 +316,7 @@ fn the_committer_stages_commits_once_and_discards_newer_parts() {
     let part = |rows: &[(&str, &str, i64)]| {
         let rows: Vec<(Vec<String>, i64)> =
             rows.iter().map(|(k, v, d)| (vec![k.to_string(), v.to_string()], *d)).collect();
-        (bincode::serialize(&rows).unwrap(), rows.len() as u64)
+        (postcard::to_allocvec(&rows).unwrap(), rows.len() as u64)
     };
 
     // Pre-committed: staged, invisible.
@@ -395,7 +399,7 @@ fn existing_tables_with_typed_columns_or_without_the_key() {
     };
     let committer = PostgresCommitter::connect("T", &config("typed", &["id", "name", "at"])).unwrap();
     let rows = vec![(vec!["42".to_string(), "forty-two".to_string(), "2024-01-01 00:00:00+00".to_string()], 1i64)];
-    let part = committer.prepare(1, Some((&bincode::serialize(&rows).unwrap(), 1))).unwrap();
+    let part = committer.prepare(1, Some((&postcard::to_allocvec(&rows).unwrap(), 1))).unwrap();
     committer.commit(&part).unwrap();
     let row = client.query_one("SELECT id, name FROM typed", &[]).unwrap();
     assert_eq!((row.get::<_, i64>(0), row.get::<_, String>(1)), (42, "forty-two".to_owned()));

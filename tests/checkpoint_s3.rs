@@ -330,6 +330,7 @@ fn newest_manifest(moto: &Moto) -> Option<u64> {
         .max()
 }
 
+#[cfg(feature = "fault-injection")]
 #[test]
 fn nexmark_recovers_from_s3_checkpoints_after_kills() {
     let _serial = serial();

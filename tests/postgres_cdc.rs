@@ -79,6 +79,8 @@ impl Running {
                     });
                     upserts.upsert(0).table.serve(&s.tables);
                 });
+                // A source that fails stops the worker (its error is in the metrics).
+                let _ = highwater::source::run_until_failed(worker, &[&m]);
             })
             .expect("timely starts");
             for result in guards.join() {
@@ -426,7 +428,7 @@ fn configuration_errors_are_clear() {
     )
     .unwrap();
 
-    // Through the dataflow: the partition ends with the error, which the metrics keep.
+    // Through the dataflow: the source fails with the error, which the metrics keep.
     let (changes, _, metrics) = {
         let running = Running::start(config(&cluster, &["cdc_point"], "hw_point"));
         let deadline = Instant::now() + Duration::from_secs(20);

@@ -17,6 +17,7 @@ use std::marker::PhantomData;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use crate::key::{Data, StateMap};
+use crate::state::multiset::{bump, bump_ordered};
 use crate::time::Diff;
 
 /// An aggregation over records of type `D`.
@@ -141,24 +142,9 @@ impl<D, F: Fn(&D) -> i64 + 'static> Aggregate<D> for Avg<F> {
     }
 }
 
-/// Adds `diff` to the multiplicity of `value`, removing it at zero.
-fn bump<V: Ord>(map: &mut BTreeMap<V, Diff>, value: V, diff: Diff) {
-    match map.entry(value) {
-        std::collections::btree_map::Entry::Vacant(e) => {
-            e.insert(diff);
-        }
-        std::collections::btree_map::Entry::Occupied(mut e) => {
-            *e.get_mut() += diff;
-            if *e.get() == 0 {
-                e.remove();
-            }
-        }
-    }
-}
-
 fn merge_multisets<V: Ord>(acc: &mut BTreeMap<V, Diff>, other: BTreeMap<V, Diff>) {
     for (v, d) in other {
-        bump(acc, v, d);
+        bump_ordered(acc, v, d);
     }
 }
 
@@ -249,7 +235,7 @@ macro_rules! extremum {
                             *best = Some(value);
                         }
                     }
-                    Extreme::Multiset(values) => bump(values, value, diff),
+                    Extreme::Multiset(values) => bump_ordered(values, value, diff),
                 }
             }
             fn merge(&self, acc: &mut Self::Acc, other: Self::Acc) {
@@ -321,19 +307,6 @@ pub enum ArgMax<V: Ord, D> {
     Best(Option<(V, Vec<D>)>),
 }
 
-/// Adds `diff` to `record` in a group of records with multiplicities.
-fn bump_record<D: PartialEq + Clone>(group: &mut Vec<(D, Diff)>, record: &D, diff: Diff) {
-    match group.iter_mut().position(|(d, _)| d == record) {
-        Some(i) => {
-            group[i].1 += diff;
-            if group[i].1 == 0 {
-                group.remove(i);
-            }
-        }
-        None => group.push((record.clone(), diff)),
-    }
-}
-
 impl<D, V, F> Aggregate<D> for MaxBy<F, V>
 where
     D: Data + PartialEq,
@@ -365,7 +338,7 @@ where
             }
             ArgMax::Multiset(groups) => {
                 let group = groups.entry(value.clone()).or_default();
-                bump_record(group, record, diff);
+                bump(group, record, diff);
                 if group.is_empty() {
                     groups.remove(&value);
                 }
@@ -548,7 +521,7 @@ where
                 }
             }
         }
-        bump(acc, value, diff);
+        bump_ordered(acc, value, diff);
         self.trim(acc);
     }
     fn merge(&self, acc: &mut Self::Acc, other: Self::Acc) {
@@ -581,7 +554,7 @@ impl<D: Data + PartialEq> Aggregate<D> for Collect {
         Vec::new()
     }
     fn update(&self, acc: &mut Self::Acc, record: &D, diff: Diff) {
-        bump_record(acc, record, diff);
+        bump(acc, record, diff);
     }
     fn merge(&self, acc: &mut Self::Acc, other: Self::Acc) {
         for (d, r) in other {

@@ -13,8 +13,9 @@ use timely::dataflow::operators::generic::Operator;
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::checkpoint::{decode, encode, Checkpointer, Entry};
+use crate::checkpoint::{decode, encode};
 use crate::key::{route, Data};
+use crate::state::{OperatorState, Schema, Snapshot, StateError, Stateful};
 use crate::stream::EventStream;
 use crate::time::{arrival_time, watermark_of, Diff, Timestamp};
 
@@ -42,8 +43,9 @@ impl<'scope, D: Data> EventStream<'scope, D> {
     /// assert_eq!(table.into_keys().collect::<Vec<_>>(), vec![('a', 2i64), ('b', 1)]);
     /// ```
     pub fn as_collection(&self) -> VecCollection<'scope, Timestamp, D, Diff> {
-        if let Some(checkpointer) = Checkpointer::new() {
-            return checkpointed(self, checkpointer);
+        let stateful = Stateful::<Accumulation>::new("AsCollection");
+        if stateful.is_checkpointed() {
+            return checkpointed(self, stateful);
         }
         self.inner
             .clone()
@@ -101,16 +103,25 @@ impl Accumulation {
             }
         }
     }
+}
 
-    /// The accumulation as checkpoint entries: `(time if pending, bytes, diff)`,
-    /// routed by the record's bytes.
-    fn snapshot(&self) -> Vec<Entry> {
-        let settled =
-            self.settled.iter().map(|(bytes, diff)| (route(bytes), encode(&(None::<Timestamp>, bytes, diff))));
-        let pending = self.pending.iter().flat_map(|(t, updates)| {
-            updates.iter().map(move |(bytes, diff)| (route(bytes), encode(&(Some(*t), bytes, diff))))
-        });
-        settled.chain(pending).collect()
+impl OperatorState for Accumulation {
+    const SCHEMA: Schema = Schema::new("as_collection", 1);
+    /// `(time if pending, the record's encoding, diff)`.
+    type Entry = (Option<Timestamp>, Vec<u8>, Diff);
+    type Prepared = ();
+
+    /// The accumulation as checkpoint entries, routed by the record's bytes.
+    fn snapshot(&self, (): (), out: &mut Snapshot) {
+        out.reserve(self.settled.len());
+        for (bytes, diff) in &self.settled {
+            out.push(route(bytes), &(None::<Timestamp>, bytes, diff));
+        }
+        for (t, updates) in &self.pending {
+            for (bytes, diff) in updates {
+                out.push(route(bytes), &(Some(*t), bytes, diff));
+            }
+        }
     }
 }
 
@@ -124,68 +135,84 @@ impl Accumulation {
 /// exactly-once sinks drop updates at times before the restored cut.
 fn checkpointed<'scope, D: Data>(
     stream: &EventStream<'scope, D>,
-    mut checkpointer: Checkpointer,
+    stateful: Stateful<Accumulation>,
 ) -> VecCollection<'scope, Timestamp, D, Diff> {
-    let gated = checkpointer.gate(stream);
-    let scope = gated.scope();
-    gated
-        .inner
-        .clone()
-        .unary_frontier(Pipeline, "AsCollection", move |cap, info| {
-            checkpointer.register("AsCollection", &info.address, &scope);
-            let mut state = Accumulation::default();
-            // The restored collection, to replay on the first activation.
-            let mut replay: Vec<(D, Timestamp, Diff)> = Vec::new();
-            let mut initial = None;
-            if let Some((time, entries)) = checkpointer.restored() {
-                let before = time.saturating_sub(1);
-                entries.for_each(|_route, bytes| {
-                    let (at, record, diff): (Option<Timestamp>, Vec<u8>, Diff) = decode(bytes);
-                    replay.push((decode(&record), at.unwrap_or(before), diff));
-                    match at {
-                        Some(t) => state.pending.entry(t).or_default().push((record, diff)),
-                        None => state.settle(record, diff),
+    let gated = stateful.local_input(stream);
+    let mut builder = stateful.builder(&stream.scope());
+    let mut input = builder.input(gated);
+    let (mut output, collection) = builder.output::<D>();
+    builder.build(move |mut capabilities, mut managed| {
+        // The restored collection, to replay on the first activation.
+        let mut replay: Vec<(D, Timestamp, Diff)> = Vec::new();
+        let mut initial = None;
+        let cap = capabilities.pop();
+        managed.restore(|state, time, entries| {
+            let before = time.saturating_sub(1);
+            let mut failed = None;
+            entries.for_each(|(at, record, diff)| {
+                match decode(&record) {
+                    Ok(d) => replay.push((d, at.unwrap_or(before), diff)),
+                    Err(e) => {
+                        failed
+                            .get_or_insert(StateError::Decode { schema: Accumulation::SCHEMA, reason: e.to_string() });
                     }
-                });
-                replay.sort_by_key(|u| u.1);
-                initial = Some(cap);
+                }
+                match at {
+                    Some(t) => state.pending.entry(t).or_default().push((record, diff)),
+                    None => state.settle(record, diff),
+                }
+            });
+            if let Some(e) = failed {
+                entries.fail(e);
             }
-            // The accumulation while a background thread serializes it for a checkpoint.
-            let mut away = None;
-            move |(input, frontier), output| {
-                if !checkpointer.home(&mut away, |back| state = back) {
-                    return;
-                }
-                if let Some(cap) = initial.take() {
-                    let mut updates = std::mem::take(&mut replay).into_iter().peekable();
-                    while let Some(&(_, time, _)) = updates.peek() {
-                        let at = cap.delayed(&time);
-                        let mut session = output.session(&at);
-                        while let Some(u) = updates.next_if(|u| u.1 == time) {
-                            session.give(u);
-                        }
+            replay.sort_by_key(|u| u.1);
+            initial = cap;
+        });
+        move |frontiers| {
+            if !managed.home() {
+                return;
+            }
+            let mut output = output.activate();
+            if let Some(cap) = initial.take() {
+                let mut updates = std::mem::take(&mut replay).into_iter().peekable();
+                while let Some(&(_, time, _)) = updates.peek() {
+                    let at = cap.delayed(&time);
+                    let mut session = output.session(&at);
+                    while let Some(u) = updates.next_if(|u| u.1 == time) {
+                        session.give(u);
                     }
-                }
-                input.for_each_stamp(|cap, data| {
-                    let at = arrival_time(&cap);
-                    let mut session = output.session(&cap);
-                    for batch in data {
-                        for (d, t, r) in batch.drain(..) {
-                            let time = t.max(at);
-                            state.pending.entry(time).or_default().push((encode(&d), r));
-                            session.give((d, time, r));
-                        }
-                    }
-                });
-                let watermark = watermark_of(frontier);
-                state.advance(watermark);
-                if let Some(cut) = checkpointer.due(watermark) {
-                    let taken = std::mem::take(&mut state);
-                    away = Some(checkpointer.snapshot_away(cut, taken, Accumulation::snapshot));
                 }
             }
-        })
-        .as_collection()
+            let state = managed.get();
+            let mut failed = None;
+            input.for_each_stamp(|cap, data| {
+                let at = arrival_time(&cap);
+                let mut session = output.session(&cap);
+                for batch in data {
+                    for (d, t, r) in batch.drain(..) {
+                        let time = t.max(at);
+                        match encode(&d) {
+                            Ok(bytes) => state.pending.entry(time).or_default().push((bytes, r)),
+                            Err(e) => {
+                                failed.get_or_insert(StateError::Encode {
+                                    schema: Accumulation::SCHEMA,
+                                    reason: e.to_string(),
+                                });
+                            }
+                        }
+                        session.give((d, time, r));
+                    }
+                }
+            });
+            let watermark = watermark_of(&frontiers[0]);
+            state.advance(watermark);
+            if let Some(e) = failed {
+                managed.fail(e);
+            }
+            managed.checkpoint(watermark, ());
+        }
+    });
+    collection.inner.as_collection()
 }
 
 /// A differential collection as an event stream: each update with its time as

@@ -3,14 +3,10 @@
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use timely::container::CapacityContainerBuilder;
-use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
-use timely::dataflow::operators::generic::OutputBuilder;
-
 use crate::aggregate::Aggregate;
-use crate::checkpoint::{decode, encode, keyed_input, Checkpointer};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
+use crate::state::{OperatorState, Schema, Snapshot, Stateful};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, Diff, Timestamp};
 
@@ -25,30 +21,50 @@ type Entry<Acc> = (Acc, bool);
 /// updates still waiting for the watermark as `(timely time, record, diff)`.
 type KeyEntry<K, Acc, D> = (K, Option<Acc>, Vec<(Timestamp, D, Diff)>);
 
-/// The state as checkpoint entries, one per key, routed by the key as the
-/// operator's exchange routes it. Taken when the watermark is at the cut and
-/// every time below it is applied: `pending` holds only input at or after the
-/// cut (none, with gated input), and no key is marked changed.
-fn snapshot<K: Key, Acc: serde::Serialize, D: Data>(
-    table: &StateMap<K, Entry<Acc>>,
-    pending: &BTreeMap<Timestamp, Vec<(K, D, Diff)>>,
-) -> Vec<crate::checkpoint::Entry> {
-    let mut waiting: StateMap<&K, Vec<(Timestamp, &D, Diff)>> = StateMap::default();
-    for (time, updates) in pending {
-        for (k, d, r) in updates {
-            waiting.entry(k).or_default().push((*time, d, *r));
+/// The operator's state: the table of accumulators, and the input waiting
+/// for the watermark, by timely time.
+struct GroupState<K, Acc, D> {
+    table: StateMap<K, Entry<Acc>>,
+    pending: BTreeMap<Timestamp, Vec<(K, D, Diff)>>,
+}
+
+impl<K, Acc, D> Default for GroupState<K, Acc, D> {
+    fn default() -> Self {
+        GroupState { table: StateMap::default(), pending: BTreeMap::new() }
+    }
+}
+
+impl<K, Acc, D> OperatorState for GroupState<K, Acc, D>
+where
+    K: Key,
+    Acc: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+    D: Data,
+{
+    const SCHEMA: Schema = Schema::new("aggregate_by_key", 1);
+    type Entry = KeyEntry<K, Acc, D>;
+    type Prepared = ();
+
+    /// The state as checkpoint entries, one per key, routed by the key as the
+    /// operator's exchange routes it. Taken when the watermark is at the cut and
+    /// every time below it is applied: `pending` holds only input at or after the
+    /// cut (none, with gated input), and no key is marked changed.
+    fn snapshot(&self, (): (), out: &mut Snapshot) {
+        let mut waiting: StateMap<&K, Vec<(Timestamp, &D, Diff)>> = StateMap::default();
+        for (time, updates) in &self.pending {
+            for (k, d, r) in updates {
+                waiting.entry(k).or_default().push((*time, d, *r));
+            }
+        }
+        out.reserve(self.table.len() + waiting.len());
+        for (k, (acc, changed)) in &self.table {
+            debug_assert!(!changed, "a key is marked changed only while its time is applied");
+            let held = waiting.remove(k).unwrap_or_default();
+            out.push(route(k), &(k, Some(acc), held));
+        }
+        for (k, held) in waiting {
+            out.push(route(k), &(k, None::<&Acc>, held));
         }
     }
-    let mut entries = Vec::with_capacity(table.len() + waiting.len());
-    for (k, (acc, changed)) in table {
-        debug_assert!(!changed, "a key is marked changed only while its time is applied");
-        let held = waiting.remove(k).unwrap_or_default();
-        entries.push((route(k), encode(&(k, Some(acc), held))));
-    }
-    for (k, held) in waiting {
-        entries.push((route(k), encode(&(k, None::<&Acc>, held))));
-    }
-    entries
 }
 
 impl<'scope, D: Data> EventStream<'scope, D> {
@@ -103,28 +119,18 @@ impl<'scope, D: Data> EventStream<'scope, D> {
     {
         let key = Rc::new(key);
         let key_route = Rc::clone(&key);
-        let mut checkpointer = Checkpointer::new();
-        let (input_stream, pact) =
-            keyed_input(checkpointer.as_ref(), self, move |u: &Update<D>| route(&key_route(&u.0)));
-        let scope = self.scope();
-        let mut builder = OperatorBuilder::new(name.to_owned(), scope);
-        if let Some(c) = checkpointer.as_mut() {
-            c.register(name, &builder.operator_info().address, &scope);
-        }
-        let mut input = builder.new_input(input_stream.inner, pact);
-        let (output, inner) = builder.new_output();
-        let mut output = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<(K, A::Output)>>>>::from(output);
-        builder.build(move |initial_capabilities| {
-            let mut table: StateMap<K, Entry<A::Acc>> = StateMap::default();
-            // Input waiting for the watermark, by timely time.
-            let mut pending: BTreeMap<Timestamp, Vec<(K, D, Diff)>> = BTreeMap::new();
+        let stateful = Stateful::<GroupState<K, A::Acc, D>>::new(name);
+        let gated = stateful.keyed_input(self, move |u: &Update<D>| route(&key_route(&u.0)));
+        let mut builder = stateful.builder(&self.scope());
+        let mut input = builder.input(gated);
+        let (mut output, stream) = builder.output::<(K, A::Output)>();
+        builder.build(move |initial_capabilities, mut managed| {
             let mut hold = Hold::default();
             // Recovery: each key's accumulator, and its input still waiting
             // for the watermark (which owes output at its time).
-            if let Some((_, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
+            managed.restore(|GroupState { table, pending }, _time, entries| {
                 table.reserve(entries.len());
-                entries.for_each(|_, bytes| {
-                    let (k, acc, waiting): KeyEntry<K, A::Acc, D> = decode(bytes);
+                entries.for_each(|(k, acc, waiting)| {
                     for (time, d, r) in waiting {
                         pending
                             .entry(time)
@@ -138,16 +144,15 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                         table.insert(k, (acc, false));
                     }
                 });
-            }
+            });
             drop(initial_capabilities);
             // Keys changed at the time being applied, with their result before it.
             let mut dirty: Vec<(K, Option<A::Output>)> = Vec::new();
-            // The table while a background thread serializes it for a checkpoint.
-            let mut away = None;
             move |frontiers| {
-                if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |(t, p)| (table, pending) = (t, p))) {
+                if !managed.home() {
                     return;
                 }
+                let GroupState { table, pending } = managed.get();
                 let mut output = output.activate();
                 input.for_each_stamp(|cap, data| {
                     let arrived = arrival_time(&cap);
@@ -194,14 +199,9 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                     hold.remove(time);
                 }
                 hold.settle(None);
-                if let Some(c) = checkpointer.as_ref() {
-                    if let Some(cut) = c.due(watermark) {
-                        let taken = (std::mem::take(&mut table), std::mem::take(&mut pending));
-                        away = Some(c.snapshot_away(cut, taken, |(t, p)| snapshot(t, p)));
-                    }
-                }
+                managed.checkpoint(watermark, ());
             }
         });
-        EventStream::new(inner)
+        stream
     }
 }

@@ -3,14 +3,10 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 
-use timely::container::CapacityContainerBuilder;
-use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
-use timely::dataflow::operators::generic::OutputBuilder;
-
 use crate::aggregate::Collect;
-use crate::checkpoint::{decode, encode, keyed_input, Checkpointer, Entry};
 use crate::key::{route, Data, Key, StateMap};
 use crate::late::{Counter, LateOutput};
+use crate::state::{OperatorState, Schema, Snapshot, Stateful};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
 use crate::window::{WindowResult, WindowSpec};
@@ -77,8 +73,6 @@ struct Left<L> {
     diff: Diff,
 }
 
-/// The records one side holds for a key, in arrival order, and the time a
-/// release check is scheduled for them (`Timestamp::MAX`: none).
 /// A checkpoint entry of a two-sided join: a key and what one side holds for it.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 enum Sided<K, A, B> {
@@ -86,6 +80,36 @@ enum Sided<K, A, B> {
     Right(K, B),
 }
 
+/// An interval join's state: what each side holds, by key.
+struct IntervalState<K, L, R> {
+    lefts: StateMap<K, Held<Left<L>>>,
+    rights: StateMap<K, Held<(R, Timestamp, Diff)>>,
+}
+
+impl<K, L, R> Default for IntervalState<K, L, R> {
+    fn default() -> Self {
+        IntervalState { lefts: StateMap::default(), rights: StateMap::default() }
+    }
+}
+
+impl<K: Key, L: Data, R: Data> OperatorState for IntervalState<K, L, R> {
+    const SCHEMA: Schema = Schema::new("join.interval", 1);
+    type Entry = Sided<K, Held<Left<L>>, Held<(R, Timestamp, Diff)>>;
+    type Prepared = ();
+
+    fn snapshot(&self, (): (), out: &mut Snapshot) {
+        out.reserve(self.lefts.len() + self.rights.len());
+        for (k, held) in self.lefts.iter() {
+            out.push(route(k), &Sided::<_, _, ()>::Left(k, held));
+        }
+        for (k, held) in self.rights.iter() {
+            out.push(route(k), &Sided::<_, (), _>::Right(k, held));
+        }
+    }
+}
+
+/// The records one side holds for a key, in arrival order, and the time a
+/// release check is scheduled for them (`Timestamp::MAX`: none).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Held<T> {
     items: VecDeque<T>,
@@ -296,62 +320,51 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         let key_left = Rc::new(key_left);
         let key_right = Rc::new(key_right);
         let (kl, kr) = (Rc::clone(&key_left), Rc::clone(&key_right));
-        let mut checkpointer = Checkpointer::new();
-        let (left_in, pact_left) = keyed_input(checkpointer.as_ref(), self, move |u: &Update<L>| route(&kl(&u.0)));
-        let (right_in, pact_right) = keyed_input(checkpointer.as_ref(), other, move |u: &Update<R>| route(&kr(&u.0)));
-        let scope = self.scope();
-        let mut builder = OperatorBuilder::new(name.to_owned(), scope);
-        if let Some(c) = checkpointer.as_mut() {
-            c.register(name, &builder.operator_info().address, &scope);
-        }
-        let mut input_left = builder.new_input(left_in.inner, pact_left);
-        let mut input_right = builder.new_input(right_in.inner, pact_right);
-        let (results_out, results) = builder.new_output();
-        let (late_left_out, late_left) = builder.new_output();
-        let (late_right_out, late_right) = builder.new_output();
-        let mut results_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<O>>>>::from(results_out);
-        let mut late_left_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<L>>>>::from(late_left_out);
-        let mut late_right_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<R>>>>::from(late_right_out);
+        let stateful = Stateful::<IntervalState<K, L, R>>::new(name);
+        let left_in = stateful.keyed_input(self, move |u: &Update<L>| route(&kl(&u.0)));
+        let right_in = stateful.keyed_input(other, move |u: &Update<R>| route(&kr(&u.0)));
+        let mut builder = stateful.builder(&self.scope());
+        let mut input_left = builder.input(left_in);
+        let mut input_right = builder.input(right_in);
+        let (mut results_out, results) = builder.output::<O>();
+        let (mut late_left_out, late_left) = builder.output::<L>();
+        let (mut late_right_out, late_right) = builder.output::<R>();
         let (count_left, count_right) = (Counter::new(), Counter::new());
         let (counter_left, counter_right) = (count_left.clone(), count_right.clone());
         let Interval { bounds, lead } = interval;
         let right_release = move |t: Timestamp| lateness.release_at(t.saturating_add(lead).saturating_add(1));
 
-        builder.build(move |_initial_capabilities| {
-            let mut lefts: StateMap<K, Held<Left<L>>> = StateMap::default();
-            let mut rights: StateMap<K, Held<(R, Timestamp, Diff)>> = StateMap::default();
+        builder.build(move |_initial_capabilities, mut managed| {
             let mut left_due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
             let mut right_due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
             // Recovery: the records each side holds, and when they are due for release.
-            if let Some((_, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
+            managed.restore(|IntervalState { lefts, rights }, _time, entries| {
                 // Sized at once: entries come in the old maps' hash order.
                 let n = entries.len();
                 lefts.reserve(n);
                 rights.reserve(n);
-                entries.for_each(|_, bytes| {
-                    match decode::<Sided<K, Held<Left<L>>, Held<(R, Timestamp, Diff)>>>(bytes) {
-                        Sided::Left(k, held) => {
-                            if held.scheduled != Timestamp::MAX {
-                                left_due.entry(held.scheduled).or_default().push(k.clone());
-                            }
-                            lefts.insert(k, held);
+                entries.for_each(|entry| match entry {
+                    Sided::Left(k, held) => {
+                        if held.scheduled != Timestamp::MAX {
+                            left_due.entry(held.scheduled).or_default().push(k.clone());
                         }
-                        Sided::Right(k, held) => {
-                            if held.scheduled != Timestamp::MAX {
-                                right_due.entry(held.scheduled).or_default().push(k.clone());
-                            }
-                            rights.insert(k, held);
+                        lefts.insert(k, held);
+                    }
+                    Sided::Right(k, held) => {
+                        if held.scheduled != Timestamp::MAX {
+                            right_due.entry(held.scheduled).or_default().push(k.clone());
                         }
+                        rights.insert(k, held);
                     }
                 });
-            }
+            });
 
-            // Both sides while a background thread serializes them for a checkpoint.
-            let mut away = None;
             move |frontiers| {
-                if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |(l, r)| (lefts, rights) = (l, r))) {
+                // Both sides are away while a background thread snapshots them.
+                if !managed.home() {
                     return;
                 }
+                let IntervalState { lefts, rights } = managed.get();
                 let mut results = results_out.activate();
                 let mut late_l = late_left_out.activate();
                 let mut late_r = late_right_out.activate();
@@ -388,7 +401,7 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                             let release_at = lateness.release_at(hi.saturating_add(1));
                             let left = Left { record, time, lo, hi, diff };
                             let same = |a: &Left<L>, b: &Left<L>| a.record == b.record;
-                            hold(&mut lefts, &mut left_due, k, left, release_at, same, |e| &mut e.diff);
+                            hold(&mut *lefts, &mut left_due, k, left, release_at, same, |e| &mut e.diff);
                         }
                     }
                 });
@@ -420,42 +433,27 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                             let release_at = right_release(time);
                             let right = (record, time, diff);
                             let same = |a: &(R, Timestamp, Diff), b: &(R, Timestamp, Diff)| a.0 == b.0;
-                            hold(&mut rights, &mut right_due, k, right, release_at, same, |e| &mut e.2);
+                            hold(&mut *rights, &mut right_due, k, right, release_at, same, |e| &mut e.2);
                         }
                     }
                 });
 
                 let left_watermark = watermark_of(&frontiers[0]);
                 let right_watermark = watermark_of(&frontiers[1]);
-                release(&mut lefts, &mut left_due, right_watermark, |l| lateness.release_at(l.hi.saturating_add(1)));
-                release(&mut rights, &mut right_due, left_watermark, |r| right_release(r.1));
+                release(&mut *lefts, &mut left_due, right_watermark, |l| lateness.release_at(l.hi.saturating_add(1)));
+                release(&mut *rights, &mut right_due, left_watermark, |r| right_release(r.1));
                 if left_watermark == END_OF_TIME && right_watermark == END_OF_TIME {
                     lefts.clear();
                     rights.clear();
                 }
-                if let Some(c) = checkpointer.as_ref() {
-                    let snapshot = |(lefts, rights): &(StateMap<K, _>, StateMap<K, _>)| {
-                        let mut entries: Vec<Entry> = Vec::with_capacity(lefts.len() + rights.len());
-                        for (k, held) in lefts.iter() {
-                            entries.push((route(k), encode(&Sided::<_, _, ()>::Left(k, held))));
-                        }
-                        for (k, held) in rights.iter() {
-                            entries.push((route(k), encode(&Sided::<_, (), _>::Right(k, held))));
-                        }
-                        entries
-                    };
-                    if let Some(cut) = c.due(left_watermark.min(right_watermark)) {
-                        let both = (std::mem::take(&mut lefts), std::mem::take(&mut rights));
-                        away = Some(c.snapshot_away(cut, both, snapshot));
-                    }
-                }
+                managed.checkpoint(left_watermark.min(right_watermark), ());
             }
         });
 
         IntervalJoined {
-            results: EventStream::new(results),
-            late_left: LateOutput { stream: EventStream::new(late_left), count: count_left },
-            late_right: LateOutput { stream: EventStream::new(late_right), count: count_right },
+            results,
+            late_left: LateOutput { stream: late_left, count: count_left },
+            late_right: LateOutput { stream: late_right, count: count_right },
         }
     }
 }

@@ -35,6 +35,7 @@ mod hold;
 pub mod join;
 pub mod key;
 pub mod late;
+pub mod state;
 pub mod stream;
 pub mod table;
 pub mod time;

@@ -22,7 +22,14 @@ pub type Update<D> = (D, Timestamp, Diff);
 /// [`AllowedLateness`](crate::AllowedLateness).
 ///
 /// Append-only streams (sources) carry `diff = +1`; operators that correct
-/// their results (late updates, updating aggregates) emit retractions.
+/// their results (late updates, updating aggregates) emit retractions. A
+/// stream knows, as it is built, whether it is append-only
+/// ([`is_append_only`](Self::is_append_only)): sources say so
+/// ([`EventStream::append_only`]), record-by-record steps (`map`, `filter`,
+/// `flat_map`, `concat` of two append-only streams, `exchange`, `inspect`)
+/// keep it, and any other stream may carry retractions. Operators that can
+/// take insertions only more cheaply (session windows) use it to choose how
+/// they keep their state; every operator accepts retractions.
 ///
 /// # Examples
 /// ```
@@ -44,11 +51,13 @@ pub type Update<D> = (D, Timestamp, Diff);
 pub struct EventStream<'scope, D: 'static> {
     /// The timely stream of `(data, event_time, diff)` triples.
     pub inner: Stream<'scope, Timestamp, Vec<Update<D>>>,
+    /// Whether every update is an insertion (`diff > 0`), as declared.
+    append_only: bool,
 }
 
 impl<D: Clone + 'static> Clone for EventStream<'_, D> {
     fn clone(&self) -> Self {
-        EventStream { inner: self.inner.clone() }
+        EventStream { inner: self.inner.clone(), append_only: self.append_only }
     }
 }
 
@@ -59,9 +68,24 @@ impl<D: 'static> std::fmt::Debug for EventStream<'_, D> {
 }
 
 impl<'scope, D: Data> EventStream<'scope, D> {
-    /// Wraps a timely stream of `(data, event_time, diff)` triples.
+    /// Wraps a timely stream of `(data, event_time, diff)` triples, which
+    /// may carry retractions.
     pub fn new(inner: Stream<'scope, Timestamp, Vec<Update<D>>>) -> Self {
-        EventStream { inner }
+        EventStream { inner, append_only: false }
+    }
+
+    /// Wraps a timely stream of insertions only (`diff > 0`), such as a
+    /// source's records. An operator handed a retraction on it anyway does not
+    /// fail: it sends the retraction to its late output, if it has one, or
+    /// applies it as on any stream.
+    pub fn append_only(inner: Stream<'scope, Timestamp, Vec<Update<D>>>) -> Self {
+        EventStream { inner, append_only: true }
+    }
+
+    /// Whether the stream was declared to carry insertions only (see
+    /// [`append_only`](Self::append_only)).
+    pub fn is_append_only(&self) -> bool {
+        self.append_only
     }
 
     /// The scope the stream lives in.
@@ -71,7 +95,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
 
     /// Transforms every record; times and diffs are kept.
     pub fn map<D2: Data, F: FnMut(D) -> D2 + 'static>(&self, mut logic: F) -> EventStream<'scope, D2> {
-        self.flat_map_updates("Map", move |(d, t, r), out| out.push((logic(d), t, r)))
+        self.flat_map_updates("Map", move |(d, t, r), out| out.push((logic(d), t, r))).kept_from(self)
     }
 
     /// Keeps the records for which `predicate` holds.
@@ -81,6 +105,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                 out.push((d, t, r))
             }
         })
+        .kept_from(self)
     }
 
     /// Replaces every record by the records of an iterator, at the same time
@@ -92,6 +117,13 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         F: FnMut(D) -> I + 'static,
     {
         self.flat_map_updates("FlatMap", move |(d, t, r), out| out.extend(logic(d).into_iter().map(|d2| (d2, t, r))))
+            .kept_from(self)
+    }
+
+    /// The same stream, append-only if `source` is (for steps that keep diffs).
+    fn kept_from<D0>(mut self, source: &EventStream<'scope, D0>) -> Self {
+        self.append_only = source.append_only;
+        self
     }
 
     /// Transforms whole updates: the closure sees data, event time and diff and
@@ -118,7 +150,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                 });
             }
         });
-        EventStream { inner }
+        EventStream::new(inner)
     }
 
     /// Negates every diff: insertions become retractions and back.
@@ -128,7 +160,8 @@ impl<'scope, D: Data> EventStream<'scope, D> {
 
     /// Merges two streams of the same type.
     pub fn concat(&self, other: &EventStream<'scope, D>) -> EventStream<'scope, D> {
-        EventStream { inner: self.inner.clone().concat(other.inner.clone()) }
+        let append_only = self.append_only && other.append_only;
+        EventStream { inner: self.inner.clone().concat(other.inner.clone()), append_only }
     }
 
     /// Moves every record to the worker that owns its key.
@@ -141,16 +174,16 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                 });
             }
         });
-        EventStream { inner }
+        EventStream { inner, append_only: self.append_only }
     }
 
     /// Calls `logic` on every update as it passes.
     pub fn inspect<F: FnMut(&Update<D>) + 'static>(&self, logic: F) -> EventStream<'scope, D> {
-        EventStream { inner: self.inner.clone().inspect(logic) }
+        EventStream { inner: self.inner.clone().inspect(logic), append_only: self.append_only }
     }
 
     /// Attaches a probe that reports the stream's frontier (its watermark).
     pub fn probe_with(&self, handle: &ProbeHandle<Timestamp>) -> EventStream<'scope, D> {
-        EventStream { inner: self.inner.clone().probe_with(handle) }
+        EventStream { inner: self.inner.clone().probe_with(handle), append_only: self.append_only }
     }
 }

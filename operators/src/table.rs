@@ -52,16 +52,13 @@ use differential_dataflow::operators::arrange::{Arranged, TraceAgent};
 use differential_dataflow::trace::implementations::ValSpine;
 use differential_dataflow::VecCollection;
 use smallvec::SmallVec;
-use timely::container::CapacityContainerBuilder;
-use timely::dataflow::channels::pact::Pipeline;
-use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
-use timely::dataflow::operators::generic::OutputBuilder;
 
-use crate::checkpoint::{decode, encode, keyed_input, Checkpointer, Entry, Restored};
 use crate::collection::from_collection;
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::late::{Counter, LateOutput};
+use crate::state::multiset::bump;
+use crate::state::{OperatorState, RestoredEntries, Schema, Snapshot, Stateful};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
 
@@ -161,43 +158,35 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
     /// ```
     pub fn upsert(&self, allowed_lateness: u64) -> Upserted<'scope, K, V> {
         let lateness = AllowedLateness(allowed_lateness);
-        let mut checkpointer = Checkpointer::new();
-        let (stream, pact) = keyed_input(checkpointer.as_ref(), self, |u: &Update<(K, Option<V>)>| route(&(u.0).0));
-        let scope = self.scope();
-        let mut builder = OperatorBuilder::new("Upsert".to_owned(), scope);
-        if let Some(c) = checkpointer.as_mut() {
-            c.register("Upsert", &builder.operator_info().address, &scope);
-        }
-        let mut input = builder.new_input(stream.inner, pact);
-        let (log_out, log) = builder.new_output();
-        let (late_out, late) = builder.new_output();
-        let mut log_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<(K, V)>>>>::from(log_out);
-        let mut late_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<(K, Option<V>)>>>>::from(late_out);
+        let stateful = Stateful::<Upserts<K, V>>::new("Upsert");
+        let gated = stateful.keyed_input(self, |u: &Update<(K, Option<V>)>| route(&(u.0).0));
+        let mut builder = stateful.builder(&self.scope());
+        let mut input = builder.input(gated);
+        let (mut log_out, log) = builder.output::<(K, V)>();
+        let (mut late_out, late) = builder.output::<(K, Option<V>)>();
         let count = Counter::new();
         let counter = count.clone();
 
-        builder.build(move |_caps| {
-            let mut tables: StateMap<K, History<V>> = StateMap::default();
+        builder.build(move |_caps, mut managed| {
             let mut due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
             // Recovery: each key's history, and its compaction schedule. The
             // changelog up to the cut went out before it: nothing is owed.
-            if let Some((_, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
+            managed.restore(|Upserts(tables), _time, entries| {
                 tables.reserve(entries.len());
-                entries.for_each(|_, bytes| {
-                    let (k, history): (K, History<V>) = decode(bytes);
+                entries.for_each(|(k, history)| {
                     if history.scheduled != Timestamp::MAX {
                         due.entry(history.scheduled).or_default().push(k.clone());
                     }
                     tables.insert(k, history);
                 });
-            }
-            // The histories while a background thread serializes them for a
-            // checkpoint (the compaction schedule stays).
-            let mut away = None;
+            });
             move |frontiers| {
-                if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |back| tables = back)) {
+                // While a background thread snapshots the histories, nothing is
+                // done (the compaction schedule stays here).
+                if !managed.home() {
                     return;
                 }
+                let Upserts(tables) = managed.get();
                 let mut log = log_out.activate();
                 let mut late = late_out.activate();
                 input.for_each_stamp(|cap, data| {
@@ -296,20 +285,10 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
                         }
                     }
                 }
-                if let Some(c) = checkpointer.as_ref() {
-                    let snapshot = |tables: &StateMap<K, History<V>>| -> Vec<Entry> {
-                        tables.iter().map(|(k, h)| (route(k), encode(&(k, h)))).collect()
-                    };
-                    if let Some(cut) = c.due(watermark) {
-                        away = Some(c.snapshot_away(cut, std::mem::take(&mut tables), snapshot));
-                    }
-                }
+                managed.checkpoint(watermark, ());
             }
         });
-        Upserted {
-            table: Table { changelog: EventStream::new(log) },
-            late: LateOutput { stream: EventStream::new(late), count },
-        }
+        Upserted { table: Table { changelog: log }, late: LateOutput { stream: late, count } }
     }
 }
 
@@ -363,25 +342,22 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
         }
         reader.post(index, 0);
         let reader = reader.clone();
-        let mut checkpointer = Checkpointer::new();
-        let changelog = checkpointer.as_ref().map_or_else(|| self.changelog.clone(), |c| c.gate(&self.changelog));
-        let mut builder = OperatorBuilder::new("ServeTable".to_owned(), scope);
-        if let Some(c) = checkpointer.as_mut() {
-            c.register("ServeTable", &builder.operator_info().address, &scope);
-        }
+        let stateful = Stateful::<Served<K, V>>::new("ServeTable");
         // The changelog is already on the workers that own its keys.
-        let mut input = builder.new_input(changelog.inner, Pipeline);
-        builder.build(move |_caps| {
-            if let Some((_, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
-                if let Ok(mut shard) = shard.write() {
-                    shard.restore(&entries);
+        let gated = stateful.local_input(&self.changelog);
+        let mut builder = stateful.builder(&scope);
+        let mut input = builder.input(gated);
+        builder.build(move |_caps, mut managed| {
+            *managed.get() = Served(Arc::clone(&shard));
+            managed.restore(|served, _time, entries| {
+                if let Ok(mut shard) = served.0.write() {
+                    shard.restore(entries);
                 }
-            }
-            // A snapshot being serialized in the background, under a read lock
-            // of the shard (queries read it meanwhile; the operator waits).
-            let mut away = None;
+            });
             move |frontiers| {
-                if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |()| ())) {
+                // While a snapshot is serialized in the background under a read
+                // lock of the shard (queries read it meanwhile), the operator waits.
+                if !managed.home() {
                     return;
                 }
                 let Ok(mut guard) = shard.write() else { return };
@@ -401,40 +377,77 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
                         break;
                     }
                     for ((k, v), diff) in entry.remove() {
-                        bump(guard.rows.entry(k.clone()).or_default(), v, diff);
+                        bump(guard.rows.entry(k.clone()).or_default(), &v, diff);
                         if guard.rows.get(&k).is_some_and(|values| values.is_empty()) {
                             guard.rows.remove(&k);
                         }
                     }
                 }
-                if let Some(c) = checkpointer.as_ref() {
-                    if let Some(cut) = c.due(watermark) {
-                        // The shard stays readable by queries: the background thread
-                        // reads it under a read lock (taken once this activation
-                        // lets go of the write lock), and the operator leaves it alone
-                        // until the snapshot is back.
-                        drop(guard);
-                        let shard = Arc::clone(&shard);
-                        let serialize =
-                            move |_: &()| shard.read().unwrap_or_else(std::sync::PoisonError::into_inner).snapshot();
-                        away = Some(c.snapshot_away(cut, (), serialize));
-                    }
-                }
+                // The shard stays readable by queries: the background thread
+                // reads it under a read lock (taken once this activation lets go
+                // of the write lock), and the operator leaves it alone until the
+                // snapshot is back.
+                drop(guard);
+                managed.checkpoint(watermark, ());
             }
         });
     }
 }
 
-/// Adds `diff` to the count of `value`, dropping it at zero.
-fn bump<V: PartialEq>(values: &mut SmallVec<[(V, Diff); 1]>, value: V, diff: Diff) {
-    match values.iter_mut().position(|(x, _)| *x == value) {
-        Some(i) => {
-            values[i].1 += diff;
-            if values[i].1 == 0 {
-                values.remove(i);
+/// A key's upserts in an upsert table's state.
+struct Upserts<K, V>(StateMap<K, History<V>>);
+
+impl<K, V> Default for Upserts<K, V> {
+    fn default() -> Self {
+        Upserts(StateMap::default())
+    }
+}
+
+impl<K: Key, V: Data> OperatorState for Upserts<K, V> {
+    const SCHEMA: Schema = Schema::new("table.upsert", 1);
+    /// A key and its history.
+    type Entry = (K, History<V>);
+    type Prepared = ();
+
+    fn snapshot(&self, (): (), out: &mut Snapshot) {
+        out.reserve(self.0.len());
+        for (k, h) in self.0.iter() {
+            out.push(route(k), &(k, h));
+        }
+    }
+}
+
+/// A served table's state: this worker's shard, shared with the readers.
+struct Served<K, V>(Arc<RwLock<Shard<K, V>>>);
+
+impl<K, V> Default for Served<K, V> {
+    fn default() -> Self {
+        Served(Arc::new(RwLock::new(Shard { rows: StateMap::default(), pending: BTreeMap::new() })))
+    }
+}
+
+impl<K: Key + Sync, V: Data + Sync> OperatorState for Served<K, V> {
+    const SCHEMA: Schema = Schema::new("table.serve", 1);
+    type Entry = ServedKey<K, V>;
+    type Prepared = ();
+
+    /// The shard as checkpoint entries, one per key, routed by key, read
+    /// under a read lock (queries read the shard meanwhile).
+    fn snapshot(&self, (): (), out: &mut Snapshot) {
+        let shard = self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut by_key: StateMap<&K, (Values<V>, Changes<V>)> = StateMap::default();
+        for (k, values) in shard.rows.iter() {
+            by_key.entry(k).or_default().0 = values.clone();
+        }
+        for (time, changes) in shard.pending.iter() {
+            for ((k, v), diff) in changes {
+                by_key.entry(k).or_default().1.push((*time, v.clone(), *diff));
             }
         }
-        None => values.push((value, diff)),
+        out.reserve(by_key.len());
+        for (k, (values, pending)) in by_key {
+            out.push(route(k), &(k, values, pending));
+        }
     }
 }
 
@@ -467,25 +480,10 @@ type Changes<V> = Vec<(Timestamp, V, Diff)>;
 /// A served key in a checkpoint: its applied values and its pending changes.
 type ServedKey<K, V> = (K, Values<V>, Changes<V>);
 
-impl<K: Key, V: Data> Shard<K, V> {
-    /// The shard as checkpoint entries, one per key, routed by key.
-    fn snapshot(&self) -> Vec<Entry> {
-        let mut by_key: StateMap<&K, (Values<V>, Changes<V>)> = StateMap::default();
-        for (k, values) in self.rows.iter() {
-            by_key.entry(k).or_default().0 = values.clone();
-        }
-        for (time, changes) in self.pending.iter() {
-            for ((k, v), diff) in changes {
-                by_key.entry(k).or_default().1.push((*time, v.clone(), *diff));
-            }
-        }
-        by_key.into_iter().map(|(k, (values, pending))| (route(k), encode(&(k, values, pending)))).collect()
-    }
-
+impl<K: Key + Sync, V: Data + Sync> Shard<K, V> {
     /// Adds this worker's restored keys.
-    fn restore(&mut self, entries: &Restored) {
-        entries.for_each(|_, bytes| {
-            let (k, values, pending): ServedKey<K, V> = decode(bytes);
+    fn restore(&mut self, entries: &mut RestoredEntries<Served<K, V>>) {
+        entries.for_each(|(k, values, pending)| {
             for (time, v, diff) in pending {
                 self.pending.entry(time).or_default().push(((k.clone(), v), diff));
             }
@@ -571,7 +569,7 @@ impl<K: Key, V: Data + PartialEq> TableReader<K, V> {
             let mut values = shard.rows.get(key).cloned().unwrap_or_default();
             for changes in shard.pending.range(..as_of).map(|(_, c)| c) {
                 for ((_, v), diff) in changes.iter().filter(|((k, _), _)| k == key) {
-                    bump(&mut values, v.clone(), *diff);
+                    bump(&mut values, v, *diff);
                 }
             }
             values.into_iter().find(|(_, d)| *d > 0).map(|(v, _)| v)
@@ -587,7 +585,7 @@ impl<K: Key, V: Data + PartialEq> TableReader<K, V> {
             let mut table = shard.rows.clone();
             for changes in shard.pending.range(..as_of).map(|(_, c)| c) {
                 for ((k, v), diff) in changes {
-                    bump(table.entry(k.clone()).or_default(), v.clone(), *diff);
+                    bump(table.entry(k.clone()).or_default(), v, *diff);
                 }
             }
             for (k, values) in table {
@@ -626,7 +624,7 @@ struct Versioned<V> {
     changes: Vec<(Timestamp, V, Diff)>,
 }
 
-impl<V: PartialEq> Versioned<V> {
+impl<V: PartialEq + Clone> Versioned<V> {
     /// The value as of `time`: the one whose updates up to `time` sum to a
     /// positive count.
     fn as_of(&self, time: Timestamp) -> Option<&V> {
@@ -647,7 +645,7 @@ impl<V: PartialEq> Versioned<V> {
     fn compact(&mut self, horizon: Timestamp) -> bool {
         let n = self.changes.partition_point(|(t, _, _)| *t <= horizon);
         for (_, v, d) in self.changes.drain(..n) {
-            bump(&mut self.base, v, d);
+            bump(&mut self.base, &v, d);
         }
         self.base.is_empty() && self.changes.is_empty()
     }
@@ -655,7 +653,36 @@ impl<V: PartialEq> Versioned<V> {
 
 /// What a checkpoint of an as-of join serializes: the table's versions by
 /// key, and the events waiting for the table's watermark, with their diffs.
-type AsOfState<K, V, D> = (StateMap<K, Versioned<V>>, Pending<(D, Diff)>);
+/// An as-of join's state: the table's versions by key, and the events
+/// waiting for the table's watermark.
+struct AsOfState<K, V, D> {
+    versions: StateMap<K, Versioned<V>>,
+    waiting: Pending<(D, Diff)>,
+}
+
+impl<K, V, D> Default for AsOfState<K, V, D> {
+    fn default() -> Self {
+        AsOfState { versions: StateMap::default(), waiting: Pending::default() }
+    }
+}
+
+impl<K: Key, V: Data, D: Data> OperatorState for AsOfState<K, V, D> {
+    const SCHEMA: Schema = Schema::new("table.as_of", 1);
+    type Entry = AsOfEntry<K, Versioned<V>, D>;
+    /// The waiting events' routes, in the order they wait (the key function
+    /// stays on the worker: it need not be `Send`).
+    type Prepared = Vec<u64>;
+
+    fn snapshot(&self, routes: Vec<u64>, out: &mut Snapshot) {
+        out.reserve(self.versions.len() + routes.len());
+        for (k, versioned) in self.versions.iter() {
+            out.push(route(k), &AsOfEntry::<_, _, ()>::Versions(k, versioned));
+        }
+        for ((t, (record, diff), emit_at), route) in self.waiting.iter().zip(routes) {
+            out.push(route, &AsOfEntry::<(), (), _>::Waiting(t, record, *diff, emit_at));
+        }
+    }
+}
 
 /// A checkpoint entry of an as-of join: a key's table versions, or an event
 /// waiting for the table's watermark (its time, the event, its diff and the
@@ -841,36 +868,26 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         let lateness = AllowedLateness(allowed_lateness);
         let key = Rc::new(key);
         let route_key = Rc::clone(&key);
-        let mut checkpointer = Checkpointer::new();
-        let (table_log, pact_table) =
-            keyed_input(checkpointer.as_ref(), &table.changelog, |u: &Update<(K, V)>| route(&(u.0).0));
-        let (stream, pact_stream) =
-            keyed_input(checkpointer.as_ref(), self, move |u: &Update<D>| route(&route_key(&u.0)));
-        let scope = self.scope();
-        let mut builder = OperatorBuilder::new(name.to_owned(), scope);
-        if let Some(c) = checkpointer.as_mut() {
-            c.register(name, &builder.operator_info().address, &scope);
-        }
-        let mut table_in = builder.new_input(table_log.inner, pact_table);
-        let mut stream_in = builder.new_input(stream.inner, pact_stream);
-        let (results_out, results) = builder.new_output();
-        let (late_out, late) = builder.new_output();
-        let mut results_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<O>>>>::from(results_out);
-        let mut late_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<D>>>>::from(late_out);
+        let stateful = Stateful::<AsOfState<K, V, D>>::new(name);
+        let table_log = stateful.keyed_input(&table.changelog, |u: &Update<(K, V)>| route(&(u.0).0));
+        let stream = stateful.keyed_input(self, move |u: &Update<D>| route(&route_key(&u.0)));
+        let mut builder = stateful.builder(&self.scope());
+        let mut table_in = builder.input(table_log);
+        let mut stream_in = builder.input(stream);
+        let (mut results_out, results) = builder.output::<O>();
+        let (mut late_out, late) = builder.output::<D>();
         let count = Counter::new();
         let counter = count.clone();
 
-        builder.build(move |initial_capabilities| {
-            let mut versions: StateMap<K, Versioned<V>> = StateMap::default();
+        builder.build(move |initial_capabilities, mut managed| {
             let mut due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
-            let mut waiting: Pending<(D, Diff)> = Pending::default();
             let mut hold = Hold::default();
             // Changes up to the horizon are summed in the versions' bases. A
             // restored worker starts from 0: its keys' changes are kept by
             // time, which answers every query a base would.
             let mut horizon: Timestamp = 0;
-            if let Some((time, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
-                entries.for_each(|_, bytes| match decode::<AsOfEntry<K, Versioned<V>, D>>(bytes) {
+            managed.restore(|AsOfState { versions, waiting }, time, entries| {
+                entries.for_each(|entry| match entry {
                     AsOfEntry::Versions(k, versioned) => {
                         for (t, _, _) in versioned.changes.iter() {
                             due.entry(*t).or_default().push(k.clone());
@@ -882,15 +899,15 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                         waiting.restore((record, diff), t, emit_at.max(time), &mut hold, &initial_capabilities);
                     }
                 });
-            }
+            });
             drop(initial_capabilities);
-            // The versions and waiting events while a background thread serializes
-            // them for a checkpoint (the compaction schedule stays).
-            let mut away = None;
             move |frontiers| {
-                if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |(v, w)| (versions, waiting) = (v, w))) {
+                // While a background thread snapshots the versions and waiting
+                // events, nothing is done (the compaction schedule stays here).
+                if !managed.home() {
                     return;
                 }
+                let AsOfState { versions, waiting } = managed.get();
                 let mut results = results_out.activate();
                 let mut late = late_out.activate();
                 table_in.for_each_stamp(|_cap, data| {
@@ -904,7 +921,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                                 .entry(k.clone())
                                 .or_insert_with(|| Versioned { base: SmallVec::new(), changes: Vec::new() });
                             if time <= horizon {
-                                bump(&mut entry.base, v, diff);
+                                bump(&mut entry.base, &v, diff);
                                 if entry.base.is_empty() && entry.changes.is_empty() {
                                     versions.remove(&k);
                                 }
@@ -960,7 +977,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                 if stream_watermark == END_OF_TIME && waiting.first_time().is_none() {
                     // The events are done: the table's versions serve nobody.
                     horizon = END_OF_TIME;
-                    versions = StateMap::default();
+                    *versions = StateMap::default();
                     due.clear();
                 } else if next > horizon {
                     horizon = next.saturating_sub(1);
@@ -975,35 +992,14 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                         }
                     }
                 }
-                if let Some(c) = checkpointer.as_ref() {
-                    // The versions by key, and the waiting events given their routes
-                    // (in the order they wait).
-                    let snapshot = |(versions, waiting): &AsOfState<K, V, D>, routes: Vec<u64>| -> Vec<Entry> {
-                        let mut entries: Vec<Entry> = Vec::with_capacity(versions.len() + routes.len());
-                        for (k, versioned) in versions.iter() {
-                            entries.push((route(k), encode(&AsOfEntry::<_, _, ()>::Versions(k, versioned))));
-                        }
-                        for ((t, (record, diff), emit_at), route) in waiting.iter().zip(routes) {
-                            let entry = AsOfEntry::<(), (), _>::Waiting(t, record, *diff, emit_at);
-                            entries.push((route, encode(&entry)));
-                        }
-                        entries
-                    };
-                    // The key function stays here (it need not be `Send`): the waiting
-                    // events are routed now, the rest is serialized where it is taken.
-                    let routes = |waiting: &Pending<(D, Diff)>| -> Vec<u64> {
-                        waiting.iter().map(|(_, (record, _), _)| route(&key(record))).collect()
-                    };
-                    if let Some(cut) = c.due(table_watermark.min(stream_watermark)) {
-                        let routes = routes(&waiting);
-                        let both = (std::mem::take(&mut versions), std::mem::take(&mut waiting));
-                        let serialize = move |both: &_| snapshot(both, routes);
-                        away = Some(c.snapshot_away(cut, both, serialize));
-                    }
-                }
+                // The key function stays here (it need not be `Send`): the waiting
+                // events are routed now, the rest is serialized in the background.
+                managed.checkpoint_with(table_watermark.min(stream_watermark), |st| {
+                    st.waiting.iter().map(|(_, (record, _), _)| route(&key(record))).collect()
+                });
             }
         });
-        AsOfJoined { results: EventStream::new(results), late: LateOutput { stream: EventStream::new(late), count } }
+        AsOfJoined { results, late: LateOutput { stream: late, count } }
     }
 
     /// Joins each event with the table's *current* value for its key, keeping

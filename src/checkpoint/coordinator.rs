@@ -8,7 +8,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::operators::checkpoint::{CheckpointId, Cut, Entry, Restored, StateStore};
+use crate::operators::checkpoint::{CheckpointId, Cut, Entry, Restored, Schema, StateError, StateStore};
 use crate::operators::{Timestamp, END_OF_TIME};
 
 use super::cluster::{self, Membership, Message, Peer, ProcessPart};
@@ -59,6 +59,8 @@ struct Collecting {
 struct State {
     built: BTreeSet<usize>,
     operators: BTreeSet<(usize, String)>,
+    /// The schema of each checkpointed operator's state.
+    schemas: BTreeMap<String, crate::operators::checkpoint::Schema>,
     unsupported: BTreeSet<String>,
     sources: BTreeSet<(String, usize)>,
     finished: BTreeSet<(String, usize)>,
@@ -132,6 +134,9 @@ struct Inner {
     wakers: Wakers,
     threads: Mutex<Vec<JoinHandle<()>>>,
     stop: AtomicBool,
+    /// Given when a process is gone before the workers started, so that the
+    /// processes' connection gives up (see [`Checkpoints::startup_abort`]).
+    startup: crate::cluster::Abort,
 }
 
 /// Callbacks that schedule operators, called when cuts begin or are abandoned.
@@ -313,6 +318,7 @@ impl Checkpoints {
             jobs: Mutex::new(Some(tx.clone())),
             threads: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
+            startup: crate::cluster::Abort::new(),
         });
         for (process, reader) in readers {
             let (inner, tx) = (Arc::clone(&inner), tx.clone());
@@ -340,6 +346,21 @@ impl Checkpoints {
         }
         inner.threads.lock().unwrap_or_else(|p| p.into_inner()).extend(threads);
         Ok(Checkpoints(inner))
+    }
+
+    /// The signal that gives up the processes' connection when a process is
+    /// gone before the job started: pass it to
+    /// [`cluster::execute_abortable`](crate::cluster::execute_abortable).
+    pub fn startup_abort(&self) -> crate::cluster::Abort {
+        self.0.startup.clone()
+    }
+
+    /// Fails the job's checkpointing with `error` (e.g. a source failed for
+    /// good): no checkpoint begun from now on is written, no sink commits
+    /// again, and [`finish`](Self::finish) reports the error.
+    pub fn fail_job(&self, error: impl Into<String>) {
+        let mut state = lock(&self.0.state);
+        fail(&self.0, &mut state, error.into());
     }
 
     /// The store's location, for messages.
@@ -381,6 +402,11 @@ impl Checkpoints {
     /// taken by the same dataflow. Checkpoints begin once every worker is built.
     pub fn built(&self, worker: usize) -> Result<(), CheckpointError> {
         let mut state = lock(&self.0.state);
+        // An operator's state could not be restored (another schema, an
+        // entry that does not decode): the job does not start.
+        if let Some(error) = state.error.clone() {
+            return Err(CheckpointError::Failed(error));
+        }
         let unsupported: Vec<_> = state.unsupported.iter().cloned().collect();
         let error = if !unsupported.is_empty() {
             Some(CheckpointError::Unsupported(unsupported.join(", ")))
@@ -788,12 +814,11 @@ fn listen(
                     };
                     fail(inner, &mut state, format!("process {process} is gone ({why})"));
                     if state.built.len() < inner.workers {
-                        // The workers are not running yet: this process waits in
-                        // timely's connection to its peers, which retries forever.
-                        eprintln!(
-                            "error: checkpointing: process {process} is gone ({why}) before the job started; exiting"
-                        );
-                        std::process::exit(1);
+                        // The workers are not running yet: this process waits for its
+                        // peers to connect, which would otherwise go on forever.
+                        inner
+                            .startup
+                            .abort(format!("checkpointing: process {process} is gone ({why}) before the job started"));
                     }
                 }
                 return;
@@ -977,9 +1002,10 @@ impl StateStore for DataflowProbe {
     fn cut_after(&self, _done: Option<CheckpointId>) -> Option<Cut> {
         None
     }
-    fn register(&self, operator: &str) {
+    fn register(&self, operator: &str, _schema: &Schema, _migrates_from: &[u32]) {
         self.operators.borrow_mut().push(operator.to_owned());
     }
+    fn fail(&self, _operator: &str, _error: StateError) {}
     fn unsupported(&self, operator: &str) {
         self.unsupported.borrow_mut().push(operator.to_owned());
     }
@@ -1113,6 +1139,7 @@ fn write_manifest(
         sources,
         shards,
         sinks,
+        schemas: lock(&inner.state).schemas.clone(),
     };
     store.put_manifest(id, &manifest.to_bytes())?;
     kill::point("sink-commit");
@@ -1173,8 +1200,33 @@ impl StateStore for WorkerStore {
         self.checkpoints.choosing()
     }
 
-    fn register(&self, operator: &str) {
-        lock(&self.checkpoints.0.state).operators.insert((self.worker, operator.to_owned()));
+    fn register(&self, operator: &str, schema: &Schema, migrates_from: &[u32]) {
+        let inner = &self.checkpoints.0;
+        let mut state = lock(&inner.state);
+        state.operators.insert((self.worker, operator.to_owned()));
+        state.schemas.insert(operator.to_owned(), schema.clone());
+        let Some(restored) = inner.restored.as_ref() else { return };
+        let found = restored.manifest.schemas.get(operator);
+        let refused = match found {
+            Some(found) => found != schema && !(found.name == schema.name && migrates_from.contains(&found.version)),
+            None => false,
+        };
+        if refused {
+            let found = found.expect("refused only when found");
+            let error = format!(
+                "operator {operator}: checkpoint {} holds its state as {found}, this program's is {schema}, with \
+                 no migration from v{}; start without --recover in an empty checkpoint directory, or add a migration",
+                restored.manifest.id, found.version
+            );
+            fail(inner, &mut state, error);
+        }
+    }
+
+    fn fail(&self, operator: &str, error: StateError) {
+        let inner = &self.checkpoints.0;
+        let mut state = lock(&inner.state);
+        let checkpoint = inner.restored.as_ref().map(|r| format!(" (restoring checkpoint {})", r.manifest.id));
+        fail(inner, &mut state, format!("operator {operator}: {error}{}", checkpoint.unwrap_or_default()));
     }
 
     fn unsupported(&self, operator: &str) {
@@ -1184,7 +1236,8 @@ impl StateStore for WorkerStore {
     fn restored(&self, operator: &str) -> Option<Restored> {
         let restored = self.checkpoints.0.restored.as_ref()?;
         let chunks = restored.entries.get(operator).cloned().unwrap_or_default();
-        Some(Restored::new(chunks, self.worker, self.checkpoints.0.peers))
+        let schema = restored.manifest.schemas.get(operator).cloned();
+        Some(Restored::new(chunks, self.worker, self.checkpoints.0.peers).with_schema(schema))
     }
 
     fn restored_time(&self) -> Option<Timestamp> {

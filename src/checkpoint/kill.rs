@@ -5,11 +5,18 @@
 //! store), `manifest-write` (half of the manifest's temporary file written),
 //! `sink-commit` (the manifest is in place, the sink's parts not yet renamed).
 //! Without the variable these are no-ops.
+//!
+//! Fault injection for the crash tests only: compiled in with the cargo
+//! feature `fault-injection` (which the test command enables). In every other
+//! build [`point`] is an empty function and the variable is ignored.
 
+#[cfg(feature = "fault-injection")]
 use std::sync::atomic::{AtomicU64, Ordering};
+#[cfg(feature = "fault-injection")]
 use std::sync::OnceLock;
 
 /// The configured kill point and count, read once.
+#[cfg(feature = "fault-injection")]
 fn target() -> Option<&'static (String, u64)> {
     static TARGET: OnceLock<Option<(String, u64)>> = OnceLock::new();
     TARGET
@@ -22,7 +29,8 @@ fn target() -> Option<&'static (String, u64)> {
 }
 
 /// Marks that `point` was reached; kills the process if it is the configured one.
-pub fn point(point: &str) {
+#[cfg(feature = "fault-injection")]
+pub(crate) fn point(point: &str) {
     static REACHED: AtomicU64 = AtomicU64::new(0);
     if let Some((p, n)) = target() {
         if p == point && REACHED.fetch_add(1, Ordering::SeqCst) + 1 == *n {
@@ -34,3 +42,8 @@ pub fn point(point: &str) {
         }
     }
 }
+
+/// Marks that `point` was reached: nothing, without fault injection.
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub(crate) fn point(_point: &str) {}

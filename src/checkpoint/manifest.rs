@@ -5,12 +5,15 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::CheckpointError;
-use crate::operators::checkpoint::CheckpointId;
+use crate::operators::checkpoint::{CheckpointId, Schema};
 use crate::operators::{Timestamp, END_OF_TIME};
 use crate::source::Offset;
 
 /// The version of the checkpoint format this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+///
+/// Version 2: state entries are postcard-encoded and every operator's state
+/// schema is recorded ([`Manifest::schemas`]); version 1 (bincode) is not read.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// The first line of a manifest file, before its checksum.
 const MAGIC: &str = "highwater-checkpoint-manifest";
@@ -37,6 +40,8 @@ pub struct Manifest {
     pub shards: Vec<ShardInfo>,
     /// Sink output pre-committed at this cut, made visible once this manifest exists.
     pub sinks: Vec<SinkPart>,
+    /// The schema of every checkpointed operator's state, by operator name.
+    pub schemas: BTreeMap<String, Schema>,
 }
 
 impl Manifest {
@@ -148,6 +153,7 @@ mod tests {
     fn manifest() -> Manifest {
         Manifest {
             format_version: FORMAT_VERSION,
+            schemas: BTreeMap::new(),
             id: 7,
             time: 12_000,
             fingerprint: "abc".into(),

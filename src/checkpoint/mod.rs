@@ -64,7 +64,7 @@
 
 pub mod cluster;
 mod coordinator;
-pub mod kill;
+mod kill;
 pub mod manifest;
 pub mod s3;
 pub mod shard;

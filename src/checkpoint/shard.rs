@@ -1,13 +1,14 @@
 //! A worker's shard of operator state in RocksDB.
 //!
 //! Keys are `operator name, 0, chunk number (u32, big-endian)`; each value is
-//! a bincode list of [`Entry`]s (routing hash and bytes), about 1 MiB per
-//! chunk. The routing hash stays with each entry, so a run with a different
+//! a chunk of [`Entry`]s (routing hash and bytes, see
+//! [`encode_chunk`](crate::operators::checkpoint::encode_chunk)), about 1 MiB
+//! per chunk. The routing hash stays with each entry, so a run with a different
 //! number of workers redistributes the entries by key.
 
 use std::path::Path;
 
-use crate::operators::checkpoint::Entry;
+use crate::operators::checkpoint::{check_chunk, encode_chunk, Entry};
 
 use super::CheckpointError;
 
@@ -49,7 +50,7 @@ pub fn write(path: &Path, operators: &[(String, Vec<Entry>)]) -> Result<u64, Che
                 bytes += list[end].1.len() + 16;
                 end += 1;
             }
-            let value = bincode::serialize(&list[start..end]).expect("entries serialize");
+            let value = encode_chunk(&list[start..end]);
             db.put_opt(key(operator, chunk), value, &write_options).map_err(db_error(path))?;
             entries += (end - start) as u64;
             chunk += 1;
@@ -57,8 +58,7 @@ pub fn write(path: &Path, operators: &[(String, Vec<Entry>)]) -> Result<u64, Che
         }
         if list.is_empty() {
             // The operator is known to the shard even with no state.
-            db.put_opt(key(operator, 0), bincode::serialize(&Vec::<Entry>::new()).expect("serializes"), &write_options)
-                .map_err(db_error(path))?;
+            db.put_opt(key(operator, 0), encode_chunk(&[]), &write_options).map_err(db_error(path))?;
         }
     }
     db.flush().map_err(db_error(path))?;
@@ -67,7 +67,7 @@ pub fn write(path: &Path, operators: &[(String, Vec<Entry>)]) -> Result<u64, Che
 }
 
 /// Reads every operator's chunks from the RocksDB database at `path`,
-/// handing each to `each(operator, chunk)`: a bincode list of [`Entry`]s
+/// handing each to `each(operator, chunk)`: a chunk of [`Entry`]s
 /// (see [`Restored`](crate::operators::checkpoint::Restored)), checked for
 /// framing here.
 pub fn read(path: &Path, mut each: impl FnMut(&str, Vec<u8>)) -> Result<(), CheckpointError> {
@@ -80,34 +80,13 @@ pub fn read(path: &Path, mut each: impl FnMut(&str, Vec<u8>)) -> Result<(), Chec
             return Err(corrupt("malformed key".into()));
         };
         let operator = String::from_utf8_lossy(&key[..split]).into_owned();
-        check_framing(&value).map_err(|reason| corrupt(format!("entries of {operator}: {reason}")))?;
+        check_chunk(&value).map_err(|reason| corrupt(format!("entries of {operator}: {reason}")))?;
         each(&operator, value.into_vec());
     }
     Ok(())
 }
 
-/// Checks that `chunk` is a list of (routing hash, bytes) entries, exactly.
-fn check_framing(chunk: &[u8]) -> Result<(), String> {
-    let word = |at: usize| -> Result<u64, String> {
-        chunk
-            .get(at..at + 8)
-            .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
-            .ok_or_else(|| format!("truncated at byte {at}"))
-    };
-    let count = word(0)?;
-    let mut at = 8;
-    for _ in 0..count {
-        let len = word(at + 8)?;
-        at = (at as u64 + 16).checked_add(len).filter(|end| *end <= chunk.len() as u64).ok_or("entry past the end")?
-            as usize;
-    }
-    if at != chunk.len() {
-        return Err(format!("{} bytes after the entries", chunk.len() - at));
-    }
-    Ok(())
-}
-
-/// The number of entries in a chunk whose framing was checked.
+/// The number of entries in a chunk whose framing was checked (0 if it is damaged).
 pub fn chunk_entries(chunk: &[u8]) -> u64 {
-    chunk.get(..8).map_or(0, |w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+    check_chunk(chunk).unwrap_or(0)
 }

@@ -245,7 +245,10 @@ pub(super) fn run(args: CepArgs) -> anyhow::Result<()> {
                 sinks.extend(handles);
             }
             Ok(())
-        })
+        })?;
+        // A source that fails for good stops the job (not as an end of input).
+        crate::source::run_until_failed(worker, &[&m])?;
+        Ok(())
     })
     .map_err(|e| anyhow::anyhow!("starting the workers: {e}"))?;
     super::join_workers(guards)?;

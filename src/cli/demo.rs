@@ -118,7 +118,10 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
             }
             dead_letter_sink(&streams.dead_letters, None);
             Ok(())
-        })
+        })?;
+        // A source that fails for good stops the job (not as an end of input).
+        crate::source::run_until_failed(worker, &[&g.source])?;
+        Ok(())
     })
     .map_err(|e| anyhow::anyhow!("starting the workers: {e}"))?;
     super::join_workers(guards)?;

@@ -417,7 +417,8 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     let output_dir = args.output_dir.clone();
     let output_postgres = PostgresOutput::from_args(&args);
     let (g, s, ck) = (gauges.clone(), Arc::clone(&sinks), checkpoints.clone());
-    let guards = crate::cluster::execute(config, move |worker| -> anyhow::Result<()> {
+    let abort = checkpoints.as_ref().map(|c| c.startup_abort()).unwrap_or_default();
+    let guards = crate::cluster::execute_abortable(config, &abort, move |worker| -> anyhow::Result<()> {
         let probe = ProbeHandle::new();
         let index = worker.index();
         let attached = ck.as_ref().map(|ck| ck.attach(index));
@@ -482,6 +483,8 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
         if let Some(ck) = ck.as_ref() {
             ck.built(index)?;
         }
+        // A source that fails for good stops the job (not as an end of input).
+        crate::source::run_until_failed(worker, &[&g.source])?;
         Ok(())
     })
     .map_err(|e| anyhow::anyhow!("starting the workers: {e}"))?;

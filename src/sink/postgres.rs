@@ -526,7 +526,7 @@ pub fn write_postgres(
             let part = if rows.is_empty() {
                 None
             } else {
-                match bincode::serialize(&rows) {
+                match postcard::to_allocvec(&rows) {
                     Ok(bytes) => {
                         h.lines.add(rows.iter().filter(|(_, d)| *d > 0).count() as u64);
                         Some((bytes, rows.len() as u64))
@@ -915,7 +915,7 @@ impl SinkCommitter for PostgresCommitter {
                         )));
                     };
                     let payload: Vec<u8> = row.get(0);
-                    let part_rows: PartRows = bincode::deserialize(&payload)
+                    let part_rows: PartRows = postcard::from_bytes(&payload)
                         .map_err(|e| Failure::Other(format!("the staged part does not decode: {e}")))?;
                     self.apply(&mut tx, &part_rows)?;
                     rows = part_rows.len();

@@ -243,6 +243,20 @@ impl<Dec: Decode> JsonLinesReader<Dec> {
                 };
                 self.buf.truncate(old + n);
                 if n == 0 {
+                    // The file ends before the block it was split into when the
+                    // job started: it was truncated while read. Not an end of input.
+                    let at = self.buf_offset + self.buf.len() as u64;
+                    if at < self.end && self.end != u64::MAX {
+                        let message = format!(
+                            "the file ends at byte {at}, before byte {} where it ended when the job started \
+                             (truncated while it was read)",
+                            self.end
+                        );
+                        return Err(SourceError::Io {
+                            what: self.origin.clone(),
+                            source: std::io::Error::new(std::io::ErrorKind::UnexpectedEof, message),
+                        });
+                    }
                     self.eof = true;
                 }
                 Ok(n > 0)

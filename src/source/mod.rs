@@ -21,7 +21,9 @@ mod operator;
 pub use decode::{Decode, DecodeError, JsonDecoder};
 pub use file::{JsonLines, JsonLinesReader, DEFAULT_BLOCK_SIZE};
 pub use memory::MemorySource;
-pub use operator::{read, SourceMetrics, SourceOptions, SourceStreams, WatermarkBoard};
+pub use operator::{
+    read, run_until_failed, RetryPolicy, SourceFailed, SourceMetrics, SourceOptions, SourceStreams, WatermarkBoard,
+};
 
 use crate::dead_letter::DeadLetter;
 

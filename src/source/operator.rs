@@ -46,6 +46,47 @@ pub struct SourceOptions {
     /// restored checkpoint's (overriding `start_offsets`), and holds its
     /// capability after its partitions end until every source has ended.
     pub checkpoints: Option<Checkpoints>,
+    /// How errors that may go away (timeouts, interruptions) are retried
+    /// before the source fails.
+    pub retry: RetryPolicy,
+}
+
+/// How a source retries a partition's read after an error that may go away
+/// ([`SourceError::is_retryable`](crate::source::SourceError::is_retryable)):
+/// after `initial_backoff`, then twice as long each time up to `max_backoff`,
+/// at most `attempts` times in a row; then the source fails, as on any other
+/// error.
+///
+/// ```
+/// use std::time::Duration;
+/// let retry = highwater::source::RetryPolicy::default();
+/// assert_eq!(retry.backoff(1), Duration::from_millis(100));
+/// assert_eq!(retry.backoff(3), Duration::from_millis(400));
+/// assert_eq!(retry.backoff(30), Duration::from_secs(10));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Retries in a row before the source fails.
+    pub attempts: u32,
+    /// The wait before the first retry.
+    pub initial_backoff: Duration,
+    /// The longest wait between two retries.
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// 10 retries, from 100 ms up to 10 s apart (about 40 s in all).
+    fn default() -> Self {
+        RetryPolicy { attempts: 10, initial_backoff: Duration::from_millis(100), max_backoff: Duration::from_secs(10) }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before retry number `attempt` (from 1).
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let doubled = self.initial_backoff.saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
+        doubled.min(self.max_backoff)
+    }
 }
 
 /// The watermarks of the workers of one process reading one source.
@@ -104,6 +145,7 @@ impl Default for SourceOptions {
             start_offsets: Vec::new(),
             board: WatermarkBoard::default(),
             checkpoints: None,
+            retry: RetryPolicy::default(),
         }
     }
 }
@@ -119,14 +161,30 @@ pub struct SourceMetrics {
     pub late: Counter,
     /// The greatest event time read so far.
     pub max_event_time: Arc<AtomicU64>,
-    /// Errors that ended a partition early.
+    /// Errors a partition failed with (the source then holds its watermark
+    /// and reads no more: see [`read`]).
     pub errors: Arc<Mutex<Vec<String>>>,
+    /// Whether a partition has failed for good.
+    pub failed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl SourceMetrics {
     /// Errors recorded so far.
     pub fn errors(&self) -> Vec<String> {
         self.errors.lock().map(|e| e.clone()).unwrap_or_default()
+    }
+
+    /// Whether a partition has failed for good (see [`read`]).
+    pub fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    /// Records that a partition failed for good with `error`.
+    fn fail(&self, error: String) {
+        if let Ok(mut errors) = self.errors.lock() {
+            errors.push(error);
+        }
+        self.failed.store(true, Ordering::Release);
     }
 }
 
@@ -152,6 +210,11 @@ struct Partition<R> {
     /// emitted at each new output time, since the last cut.
     log: VecDeque<Mark>,
     done: bool,
+    /// Failed for good: read no more, and hold the watermark where it is.
+    failed: bool,
+    /// Retryable errors in a row, and when to try again.
+    retries: u32,
+    retry_at: Option<Instant>,
 }
 
 /// A partition's position and watermark before a batch emitted at `emit_at`.
@@ -241,6 +304,16 @@ const AHEAD_OF_CUT: usize = 4;
 /// probe is moving: if it has not moved for 200 ms the source reads on, since
 /// the dataflow is then waiting for input (a window that needs more event
 /// time) rather than catching up.
+///
+/// An error is never taken for the end of a partition. One that may go away
+/// is retried as [`SourceOptions::retry`] says; any other (or the last retry's)
+/// fails the source: it reads no more and holds its watermark where it is, so
+/// that nothing downstream is computed as if the input had ended; the job's
+/// checkpointing fails at once (no final checkpoint, no sink commit: a
+/// recovery resumes from the last good checkpoint); and
+/// [`SourceMetrics::has_failed`] turns true, with the error in
+/// [`SourceMetrics::errors`]. Run the workers with [`run_until_failed`], which
+/// stops them then.
 pub fn read<'scope, S, TF>(
     scope: Scope<'scope, Timestamp>,
     source: Arc<S>,
@@ -291,6 +364,9 @@ where
             read_any: false,
             log: VecDeque::new(),
             done: false,
+            failed: false,
+            retries: 0,
+            retry_at: None,
         });
     }
     tracing::debug!(source = %options.name, worker = index, partitions = queue.len(), "opened source partitions");
@@ -386,6 +462,9 @@ where
                 let mut events = events_out.activate();
                 let mut dead = dead_out.activate();
                 for partition in open.iter_mut() {
+                    if partition.failed || partition.retry_at.is_some_and(|at| at > now) {
+                        continue;
+                    }
                     let behind = pending.is_some_and(|time| (*held.time()).max(partition.watermark.current()) < time);
                     if !behind && !may_read_ahead {
                         continue;
@@ -402,17 +481,37 @@ where
                         updates.push((record, time, 1));
                     };
                     let status = match partition.reader.read(options.batch_size, &mut take, &mut dead_letters) {
-                        Ok(status) => status,
-                        Err(e) if e.is_retryable() => {
-                            tracing::warn!(source = %options.name, partition = partition.index, "retrying after: {e}");
+                        Ok(status) => {
+                            partition.retries = 0;
+                            partition.retry_at = None;
+                            status
+                        }
+                        Err(e) if e.is_retryable() && partition.retries < options.retry.attempts => {
+                            partition.retries += 1;
+                            let wait = options.retry.backoff(partition.retries);
+                            tracing::warn!(source = %options.name, partition = partition.index, attempt = partition.retries, ?wait, "retrying after: {e}");
+                            partition.retry_at = Some(now + wait);
                             ReadStatus::Idle
                         }
                         Err(e) => {
-                            tracing::error!(source = %options.name, partition = partition.index, "partition ends: {e}");
-                            if let Ok(mut errors) = metrics.errors.lock() {
-                                errors.push(format!("{}: partition {}: {e}", options.name, partition.index));
+                            // An error is never the end of the input: the partition
+                            // holds its watermark (nothing downstream is computed as
+                            // if it had ended), the job's checkpointing fails before
+                            // any final checkpoint or sink commit, and the program
+                            // learns of it through the metrics (see `read`).
+                            let retried = if partition.retries > 0 {
+                                format!(" (after {} retries)", partition.retries)
+                            } else {
+                                String::new()
+                            };
+                            let error = format!("{}: partition {}: {e}{retried}", options.name, partition.index);
+                            tracing::error!(source = %options.name, partition = partition.index, "source failed: {error}");
+                            if let Some(c) = checkpoints.as_ref() {
+                                c.fail_job(format!("source {error}"));
                             }
-                            ReadStatus::End
+                            metrics.fail(error);
+                            partition.failed = true;
+                            ReadStatus::Idle
                         }
                     };
                     if !updates.is_empty() || !dead_letters.is_empty() {
@@ -465,6 +564,8 @@ where
                         highest = highest.max(partition.watermark.current());
                         partition.idle = true;
                         partition.done = true;
+                    } else if partition.failed {
+                        partition.idle = false;
                     } else if status == ReadStatus::Idle && partition.watermark.is_idle(now) {
                         partition.idle = true;
                     }
@@ -540,5 +641,27 @@ where
         }
     });
 
-    Ok(SourceStreams { events: EventStream::new(events), dead_letters: EventStream::new(dead) })
+    Ok(SourceStreams { events: EventStream::append_only(events), dead_letters: EventStream::append_only(dead) })
 }
+
+/// Steps `worker` until its dataflows have completed, or until a source of
+/// `metrics` has failed for good (see [`read`]): then the worker's dataflows
+/// are dropped (nothing downstream sees an end of input that did not happen)
+/// and the sources' errors are returned.
+pub fn run_until_failed(worker: &mut timely::worker::Worker, metrics: &[&SourceMetrics]) -> Result<(), SourceFailed> {
+    let failed = || metrics.iter().any(|m| m.has_failed());
+    while !failed() && worker.step_or_park(Some(Duration::from_millis(50))) {}
+    if failed() {
+        for dataflow in worker.installed_dataflows() {
+            worker.drop_dataflow(dataflow);
+        }
+        let errors: Vec<String> = metrics.iter().flat_map(|m| m.errors()).collect();
+        return Err(SourceFailed(errors.join("; ")));
+    }
+    Ok(())
+}
+
+/// A source failed for good (see [`read`]), with its errors.
+#[derive(Debug, thiserror::Error)]
+#[error("source failed: {0}")]
+pub struct SourceFailed(pub String);

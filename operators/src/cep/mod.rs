@@ -62,14 +62,10 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use timely::container::CapacityContainerBuilder;
-use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
-use timely::dataflow::operators::generic::OutputBuilder;
-
-use crate::checkpoint::{decode, encode, keyed_input, Checkpointer, Entry};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::late::{Counter, LateOutput};
+use crate::state::{OperatorState, Schema, Snapshot, Stateful};
 use crate::stream::{EventStream, Update};
 use crate::table::Pending;
 use crate::time::{arrival_time, watermark_of, Timestamp};
@@ -287,7 +283,35 @@ enum CepEntry<K, S, E> {
 }
 
 /// A pattern operator's state on a worker: every key's, and the events waiting for the watermark.
-type CepState<K, E> = (StateMap<K, Keyed<K, E>>, Pending<(K, E)>);
+struct CepState<K, E> {
+    keys: StateMap<K, Keyed<K, E>>,
+    waiting: Pending<(K, E)>,
+}
+
+impl<K, E> Default for CepState<K, E> {
+    fn default() -> Self {
+        CepState { keys: StateMap::default(), waiting: Pending::default() }
+    }
+}
+
+impl<K: Key, E: Data + Sync> OperatorState for CepState<K, E> {
+    const SCHEMA: Schema = Schema::new("cep.match_pattern", 1);
+    type Entry = CepEntry<K, Keyed<K, E>, E>;
+    type Prepared = ();
+
+    /// Every key's state, and the waiting events. A key's partial matches
+    /// share the events they took through `Arc` links (`nfa::Node`): the
+    /// background thread reads them while the operator leaves them alone.
+    fn snapshot(&self, (): (), out: &mut Snapshot) {
+        out.reserve(self.keys.len());
+        for (k, keyed) in self.keys.iter() {
+            out.push(route(k), &CepEntry::<_, _, ()>::Key(k, keyed));
+        }
+        for (t, (k, event), emit_at) in self.waiting.iter() {
+            out.push(route(k), &CepEntry::<_, (), _>::Waiting(t, k, event, emit_at));
+        }
+    }
+}
 
 /// How outputs are compared when a replay corrects them.
 type SameOutput<K, E> = Rc<dyn Fn(&Match<K, E>, &Match<K, E>) -> bool>;
@@ -348,33 +372,23 @@ impl<'scope, E: Data + Sync> EventStream<'scope, E> {
         let matcher = Matcher::new(pattern);
         let key = Rc::new(key);
         let route_key = Rc::clone(&key);
-        let mut checkpointer = Checkpointer::new();
-        let (stream, pact) = keyed_input(checkpointer.as_ref(), self, move |u: &Update<E>| route(&route_key(&u.0)));
-        let scope = self.scope();
-        let mut builder = OperatorBuilder::new("MatchPattern".to_owned(), scope);
-        if let Some(c) = checkpointer.as_mut() {
-            c.register("MatchPattern", &builder.operator_info().address, &scope);
-        }
-        let mut input = builder.new_input(stream.inner, pact);
-        let (matches_out, matches) = builder.new_output();
-        let (timeouts_out, timeouts) = builder.new_output();
-        let (late_out, late) = builder.new_output();
-        let mut matches_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<Match<K, E>>>>>::from(matches_out);
-        let mut timeouts_out =
-            OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<Match<K, E>>>>>::from(timeouts_out);
-        let mut late_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<E>>>>::from(late_out);
+        let stateful = Stateful::<CepState<K, E>>::new("MatchPattern");
+        let gated = stateful.keyed_input(self, move |u: &Update<E>| route(&route_key(&u.0)));
+        let mut builder = stateful.builder(&self.scope());
+        let mut input = builder.input(gated);
+        let (mut matches_out, matches) = builder.output::<Match<K, E>>();
+        let (mut timeouts_out, timeouts) = builder.output::<Match<K, E>>();
+        let (mut late_out, late) = builder.output::<E>();
         let count = Counter::new();
         let counter = count.clone();
         let within = matcher.within();
 
         let allowed = lateness.as_ref().map_or(0, |(l, _)| *l);
-        builder.build(move |initial_capabilities| {
-            let mut keys: StateMap<K, Keyed<K, E>> = StateMap::default();
+        builder.build(move |initial_capabilities, mut managed| {
             // Keys whose oldest replayable event leaves the lateness horizon, by watermark.
             let mut trims: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
             // The watermark up to which events have been matched.
             let mut processed: Timestamp = 0;
-            let mut waiting: Pending<(K, E)> = Pending::default();
             // Expiry timers: the keys due, each with the time its output promise is held at.
             let mut timers: BTreeMap<Timestamp, Vec<(K, Timestamp)>> = BTreeMap::new();
             // Matches go out on output 0, time-outs on output 1.
@@ -384,10 +398,10 @@ impl<'scope, E: Data + Sync> EventStream<'scope, E> {
             // Recovery: every key's state, with its timer and trim re-armed, and
             // the events waiting for the watermark. Everything before the cut
             // has been matched, and what is owed is at or after it.
-            if let Some((time, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
+            managed.restore(|CepState { keys, waiting }, time, entries| {
                 processed = time;
                 keys.reserve(entries.len());
-                entries.for_each(|_, bytes| match decode::<CepEntry<K, Keyed<K, E>, E>>(bytes) {
+                entries.for_each(|entry| match entry {
                     CepEntry::Key(k, keyed) => {
                         if keyed.timer != Timestamp::MAX {
                             let promise = (keyed.timer - 1).max(time);
@@ -403,15 +417,15 @@ impl<'scope, E: Data + Sync> EventStream<'scope, E> {
                         waiting.restore((k, event), t, emit_at.max(time), &mut hold, &initial_capabilities);
                     }
                 });
-            }
+            });
             drop(initial_capabilities);
-            // The keys and waiting events while a background thread serializes them for a checkpoint.
-            let mut away = None;
 
             move |frontiers| {
-                if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |(k, w)| (keys, waiting) = (k, w))) {
+                // The keys and waiting events are away while a background thread snapshots them.
+                if !managed.home() {
                     return;
                 }
+                let CepState { keys, waiting } = managed.get();
                 let mut matches = matches_out.activate();
                 let mut timeouts = timeouts_out.activate();
                 let mut late = late_out.activate();
@@ -480,7 +494,7 @@ impl<'scope, E: Data + Sync> EventStream<'scope, E> {
                 while let Some((time, records, emit_at)) = waiting.pop_before(watermark, &mut hold) {
                     // The records' promise is withdrawn but not yet settled: still emit under it.
                     hold.promise(emit_at);
-                    expire(&matcher, &names, time, &mut keys, &mut timers, &mut hold, &mut expired, allowed > 0);
+                    expire(&matcher, &names, time, &mut *keys, &mut timers, &mut hold, &mut expired, allowed > 0);
                     for (m, t, timed_out) in expired.drain(..) {
                         let port = usize::from(timed_out);
                         let out = if timed_out { &mut timeouts } else { &mut matches };
@@ -518,7 +532,7 @@ impl<'scope, E: Data + Sync> EventStream<'scope, E> {
                     }
                     hold.remove(emit_at);
                 }
-                expire(&matcher, &names, watermark, &mut keys, &mut timers, &mut hold, &mut expired, allowed > 0);
+                expire(&matcher, &names, watermark, &mut *keys, &mut timers, &mut hold, &mut expired, allowed > 0);
                 for (m, t, timed_out) in expired.drain(..) {
                     let port = usize::from(timed_out);
                     let out = if timed_out { &mut timeouts } else { &mut matches };
@@ -549,30 +563,10 @@ impl<'scope, E: Data + Sync> EventStream<'scope, E> {
                 // A key's partial matches share the events they took through
                 // `Arc` links (`nfa::Node`): the background thread reads them while
                 // the operator leaves them alone.
-                if let Some(c) = checkpointer.as_ref() {
-                    if let Some(cut) = c.due(watermark) {
-                        let serialize = |(keys, waiting): &CepState<K, E>| {
-                            let mut entries: Vec<Entry> = Vec::with_capacity(keys.len());
-                            for (k, keyed) in keys.iter() {
-                                entries.push((route(k), encode(&CepEntry::<_, _, ()>::Key(k, keyed))));
-                            }
-                            for (t, (k, event), emit_at) in waiting.iter() {
-                                let entry = CepEntry::<_, (), _>::Waiting(t, k, event, emit_at);
-                                entries.push((route(k), encode(&entry)));
-                            }
-                            entries
-                        };
-                        let both = (std::mem::take(&mut keys), std::mem::take(&mut waiting));
-                        away = Some(c.snapshot_away(cut, both, serialize));
-                    }
-                }
+                managed.checkpoint(watermark, ());
             }
         });
-        Ok(Matches {
-            matches: EventStream::new(matches),
-            timeouts: EventStream::new(timeouts),
-            late: LateOutput { stream: EventStream::new(late), count },
-        })
+        Ok(Matches { matches, timeouts, late: LateOutput { stream: late, count } })
     }
 }
 

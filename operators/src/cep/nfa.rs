@@ -570,10 +570,10 @@ mod tests {
         let n = 1_000;
         let state = after(&matcher, n);
         assert!(state.runs.len() as u64 > n);
-        let bytes = encode(&state);
+        let bytes = encode(&state).unwrap();
         // Each event is written once, not once per run that took it.
         assert!(bytes.len() < 200 * n as usize, "{} bytes", bytes.len());
-        let restored: KeyState<char> = decode(&bytes);
+        let restored: KeyState<char> = decode(&bytes).unwrap();
         assert_eq!((restored.next_seq, restored.next_node), (state.next_seq, state.next_node));
         assert_eq!(restored.runs.len(), state.runs.len());
         for (a, b) in state.runs.iter().zip(restored.runs.iter()) {
@@ -592,7 +592,7 @@ mod tests {
         let matcher = matcher(true);
         let n = 200_000;
         let state = after(&matcher, n);
-        let restored: KeyState<char> = decode(&encode(&state));
+        let restored: KeyState<char> = decode(&encode(&state).unwrap()).unwrap();
         let longest = |s: &KeyState<char>| s.runs.iter().map(|r| r.taken.to_vec().len()).max();
         assert_eq!(longest(&restored), Some(n as usize + 1));
         assert_eq!(longest(&restored), longest(&state));

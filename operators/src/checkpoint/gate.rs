@@ -25,11 +25,20 @@ type Batch<D> = Message<Timestamp, Vec<Update<D>>>;
 /// (`Exchange`, the routing function), or in place (`Local`) because its
 /// checkpoint gate has exchanged it already. One type for both, so that an
 /// operator's input handle has the same type with checkpoints or without.
-pub(crate) enum KeyPact<F> {
+pub enum KeyPact<F> {
     /// Exchanged by the routing function (see [`crate::key::route`]).
     Exchange(F),
     /// Read on the worker it is on.
     Local,
+}
+
+impl<F> std::fmt::Debug for KeyPact<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KeyPact::Exchange(_) => "KeyPact::Exchange",
+            KeyPact::Local => "KeyPact::Local",
+        })
+    }
 }
 
 impl<D, F> ParallelizationContract<Timestamp, Vec<Update<D>>> for KeyPact<F>

@@ -18,7 +18,7 @@ use timely::container::CapacityContainerBuilder;
 use timely::dataflow::operators::core::input::Handle as InputHandle;
 use timely::dataflow::operators::core::{Input as _, Inspect};
 
-use super::{CheckpointId, Cut, Entry, Restored, StateStore};
+use super::{encode_chunk, CheckpointId, Cut, Entry, Restored, Schema, StateError, StateStore};
 use crate::key::Data;
 use crate::stream::{EventStream, Update};
 use crate::time::{Diff, Timestamp};
@@ -30,6 +30,10 @@ struct Shared {
     cuts: Vec<Cut>,
     /// Checkpointed operators by name, with the workers they run on.
     registered: BTreeMap<String, BTreeSet<usize>>,
+    /// The schema of each checkpointed operator's state.
+    schemas: BTreeMap<String, Schema>,
+    /// What went wrong with operators' state (restoring or taking it).
+    failures: Vec<String>,
     /// Stateful operators that cannot be checkpointed.
     unsupported: BTreeSet<String>,
     /// Submitted entries by cut, operator and worker.
@@ -48,6 +52,8 @@ pub struct MemoryCheckpoint {
     pub time: Timestamp,
     /// Every operator's entries (from all workers).
     pub entries: BTreeMap<String, Vec<Entry>>,
+    /// The schema each operator's entries were written under.
+    pub schemas: BTreeMap<String, Schema>,
 }
 
 /// An in-memory checkpoint store shared by the workers of one job.
@@ -72,13 +78,7 @@ impl MemoryStore {
         let chunks = restored
             .as_ref()
             .map(|r| {
-                r.entries
-                    .iter()
-                    .map(|(name, entries)| {
-                        let bytes = bincode::serialize(entries).expect("entries serialize");
-                        (name.clone(), vec![Arc::new(bytes)])
-                    })
-                    .collect()
+                r.entries.iter().map(|(name, entries)| (name.clone(), vec![Arc::new(encode_chunk(entries))])).collect()
             })
             .unwrap_or_default();
         MemoryStore { shared: Arc::default(), workers, restored: restored.map(Arc::new), chunks: Arc::new(chunks) }
@@ -154,7 +154,8 @@ impl MemoryStore {
                     .collect()
             })
             .unwrap_or_default();
-        Some(MemoryCheckpoint { time, entries })
+        let schemas = shared.schemas.clone();
+        Some(MemoryCheckpoint { time, entries, schemas })
     }
 
     /// The operators registered as checkpointable.
@@ -165,6 +166,12 @@ impl MemoryStore {
     /// The stateful operators that declared they cannot be checkpointed.
     pub fn unsupported(&self) -> Vec<String> {
         self.lock().unsupported.iter().cloned().collect()
+    }
+
+    /// What went wrong with operators' state, as `operator: error` (a
+    /// checkpoint of another schema, an entry that does not decode).
+    pub fn failures(&self) -> Vec<String> {
+        self.lock().failures.clone()
     }
 }
 
@@ -186,8 +193,22 @@ impl StateStore for WorkerView {
         self.store.lock().unannounced.filter(|_| self.worker != 0).map(|c| c.time)
     }
 
-    fn register(&self, operator: &str) {
-        self.store.lock().registered.entry(operator.to_owned()).or_default().insert(self.worker);
+    fn register(&self, operator: &str, schema: &Schema, migrates_from: &[u32]) {
+        let mut shared = self.store.lock();
+        shared.registered.entry(operator.to_owned()).or_default().insert(self.worker);
+        shared.schemas.insert(operator.to_owned(), schema.clone());
+        let found = self.store.restored.as_ref().and_then(|r| r.schemas.get(operator));
+        if let Some(found) = found {
+            let migrates = found.name == schema.name && migrates_from.contains(&found.version);
+            if found != schema && !migrates {
+                let error = StateError::Schema { found: found.clone(), expected: schema.clone() };
+                shared.failures.push(format!("{operator}: {error}"));
+            }
+        }
+    }
+
+    fn fail(&self, operator: &str, error: StateError) {
+        self.store.lock().failures.push(format!("{operator}: {error}"));
     }
 
     fn unsupported(&self, operator: &str) {
@@ -197,7 +218,8 @@ impl StateStore for WorkerView {
     fn restored(&self, operator: &str) -> Option<Restored> {
         self.store.restored.as_ref()?;
         let chunks = self.store.chunks.get(operator).cloned().unwrap_or_default();
-        Some(Restored::new(chunks, self.worker, self.store.workers))
+        let schema = self.store.restored.as_ref().and_then(|r| r.schemas.get(operator)).cloned();
+        Some(Restored::new(chunks, self.worker, self.store.workers).with_schema(schema))
     }
 
     fn restored_time(&self) -> Option<Timestamp> {
@@ -233,6 +255,8 @@ pub struct Recovery<O: Ord> {
     pub checkpoint: MemoryCheckpoint,
     /// The operators that declared themselves not checkpointable.
     pub unsupported: Vec<String>,
+    /// What went wrong with operators' state in either run (see [`MemoryStore::failures`]).
+    pub failures: Vec<String>,
 }
 
 /// Runs `build` over `input` uninterrupted on `before` workers, then with a
@@ -314,15 +338,52 @@ where
     let checkpoint = store.checkpoint(1).expect("the checkpoint completes once the input is closed");
     let unsupported = store.unsupported();
     // Recovered: the state as of the cut, and the input from the cut on.
-    let rewound: Arc<Vec<Input<D>>> = Arc::new(input.iter().filter(|u| u.3 >= cut).cloned().collect());
-    let restored = MemoryStore::new(after, Some(checkpoint.clone()));
-    let second = run_from(&rewound, after, Some((restored, None)), &build, move |t| t >= cut, cut);
+    let (second, mut failures) = recover_with(&checkpoint, &input, cut, after, &build);
+    failures.extend(store.failures());
     let mut recovered = first;
     for (key, diff) in second {
         *recovered.entry(key).or_insert(0) += diff;
     }
     recovered.retain(|_, d| *d != 0);
-    Recovery { expected, recovered, checkpoint, unsupported }
+    Recovery { expected, recovered, checkpoint, unsupported, failures }
+}
+
+/// Runs `build` on `workers` workers recovered from `checkpoint` (taken at
+/// `cut`), fed the updates of `input` that arrive at `cut` or later; returns
+/// its output at `cut` or later and what went wrong with restoring the
+/// operators' state (see [`MemoryStore::failures`]): e.g. for a program whose
+/// operators' state changed schema since the checkpoint was taken.
+pub fn recover_from<D, O, B>(
+    checkpoint: &MemoryCheckpoint,
+    input: &[Input<D>],
+    cut: Timestamp,
+    workers: usize,
+    build: B,
+) -> (Output<O>, Vec<String>)
+where
+    D: Data + Send + Sync,
+    O: Data + Ord + Send,
+    B: for<'s> Fn(&EventStream<'s, D>) -> EventStream<'s, O> + Send + Sync + 'static,
+{
+    recover_with(checkpoint, input, cut, workers, &Arc::new(build))
+}
+
+fn recover_with<D, O, B>(
+    checkpoint: &MemoryCheckpoint,
+    input: &[Input<D>],
+    cut: Timestamp,
+    workers: usize,
+    build: &Arc<B>,
+) -> (Output<O>, Vec<String>)
+where
+    D: Data + Send + Sync,
+    O: Data + Ord + Send,
+    B: for<'s> Fn(&EventStream<'s, D>) -> EventStream<'s, O> + Send + Sync + 'static,
+{
+    let rewound: Arc<Vec<Input<D>>> = Arc::new(input.iter().filter(|u| u.3 >= cut).cloned().collect());
+    let restored = MemoryStore::new(workers, Some(checkpoint.clone()));
+    let output = run_from(&rewound, workers, Some((restored.clone(), None)), build, move |t| t >= cut, cut);
+    (output, restored.failures())
 }
 
 fn run<D, O, B>(

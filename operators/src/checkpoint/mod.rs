@@ -35,7 +35,7 @@
 mod gate;
 pub mod memory;
 
-pub(crate) use gate::KeyPact;
+pub use gate::KeyPact;
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -70,55 +70,186 @@ impl Cut {
 }
 
 /// One piece of an operator's state: the routing hash of its key (as given
-/// to the operator's exchange, see [`crate::key::route`]) and its bytes.
+/// to the operator's exchange, see [`crate::key::route`]) and its bytes
+/// (a value encoded with [`encode`]).
 pub type Entry = (u64, Vec<u8>);
 
+/// Encodes a list of entries as one chunk: the postcard encoding of a
+/// sequence of `(routing hash, bytes)` pairs (a varint count, then per entry
+/// a varint hash, a varint length and the bytes). [`Restored`] reads chunks in
+/// place; [`check_chunk`] checks one.
+pub fn encode_chunk(entries: &[Entry]) -> Vec<u8> {
+    postcard::to_allocvec(entries).expect("a list of integers and byte strings encodes")
+}
+
+/// The entries of a chunk written by [`encode_chunk`], in order, borrowed from it.
+fn chunk_entries(chunk: &[u8]) -> ChunkEntries<'_> {
+    match postcard::take_from_bytes::<u64>(chunk) {
+        Ok((count, rest)) => ChunkEntries { rest, left: count, failed: false },
+        Err(_) => ChunkEntries { rest: chunk, left: 0, failed: true },
+    }
+}
+
+/// Iterates over the entries of a chunk; see [`chunk_entries`].
+struct ChunkEntries<'a> {
+    rest: &'a [u8],
+    left: u64,
+    failed: bool,
+}
+
+impl<'a> Iterator for ChunkEntries<'a> {
+    type Item = Result<(u64, &'a [u8]), StateError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            self.failed = false;
+            self.left = 0;
+            return Some(Err(StateError::Chunk("no entry count".into())));
+        }
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        match postcard::take_from_bytes::<(u64, &'a [u8])>(self.rest) {
+            Ok((entry, rest)) => {
+                self.rest = rest;
+                Some(Ok(entry))
+            }
+            Err(e) => {
+                self.left = 0;
+                Some(Err(StateError::Chunk(format!("entry unreadable: {e}"))))
+            }
+        }
+    }
+}
+
+/// Checks that `chunk` is a list of entries as [`encode_chunk`] writes it,
+/// exactly; returns the number of entries.
+pub fn check_chunk(chunk: &[u8]) -> Result<u64, StateError> {
+    let mut entries = chunk_entries(chunk);
+    let mut n = 0;
+    for entry in entries.by_ref() {
+        entry?;
+        n += 1;
+    }
+    if !entries.rest.is_empty() {
+        return Err(StateError::Chunk(format!("{} bytes after the entries", entries.rest.len())));
+    }
+    Ok(n)
+}
+
+/// What can go wrong with an operator's checkpointed state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StateError {
+    /// A chunk of entries is not framed as [`encode_chunk`] writes it.
+    #[error("a chunk of state entries is damaged: {0}")]
+    Chunk(String),
+    /// An entry does not decode as the operator's entry type.
+    #[error("an entry of {schema} does not decode: {reason}")]
+    Decode {
+        /// The schema the entry was written under.
+        schema: Schema,
+        /// The decoder's message.
+        reason: String,
+    },
+    /// A value does not encode (a type postcard cannot write, such as a
+    /// sequence of unknown length).
+    #[error("state of {schema} does not encode: {reason}")]
+    Encode {
+        /// The operator's schema.
+        schema: Schema,
+        /// The encoder's message.
+        reason: String,
+    },
+    /// The checkpoint holds another schema than the operator's, and the
+    /// operator has no migration from it.
+    #[error("the checkpoint holds {found}, this program's operator has {expected} and no migration from it")]
+    Schema {
+        /// The schema in the checkpoint.
+        found: Schema,
+        /// The operator's.
+        expected: Schema,
+    },
+}
+
+/// The schema of an operator's checkpointed state: a name and a version the
+/// operator declares ([`OperatorState::SCHEMA`](crate::state::OperatorState::SCHEMA)).
+/// A checkpoint records it per operator; restoring into another schema fails
+/// with an error naming both, unless the operator migrates from the old one.
+///
+/// ```
+/// use highwater_operators::checkpoint::Schema;
+/// const SCHEMA: Schema = Schema::new("dedup", 2);
+/// assert_eq!(SCHEMA.to_string(), "state schema dedup v2");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Schema {
+    /// What the state is (stable across versions).
+    pub name: std::borrow::Cow<'static, str>,
+    /// Its version: bumped whenever the encoded form of an entry changes.
+    pub version: u32,
+}
+
+impl Schema {
+    /// The schema `name`, version `version`.
+    pub const fn new(name: &'static str, version: u32) -> Self {
+        Schema { name: std::borrow::Cow::Borrowed(name), version }
+    }
+}
+
+impl std::fmt::Display for Schema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "state schema {} v{}", self.name, self.version)
+    }
+}
+
 /// An operator's restored entries on one worker: read in place from the
-/// checkpoint's chunks (each a bincode list of [`Entry`]s, as written), keeping
-/// those whose routing hash falls on this worker, with no copy per entry.
+/// checkpoint's chunks (see [`encode_chunk`]), keeping those whose routing
+/// hash falls on this worker, with no copy per entry.
 #[derive(Clone, Debug, Default)]
 pub struct Restored {
     chunks: Vec<std::sync::Arc<Vec<u8>>>,
     worker: u64,
     workers: u64,
+    /// The schema the entries were written under, if the checkpoint says.
+    schema: Option<Schema>,
 }
 
 impl Restored {
     /// The entries of `chunks` that fall on `worker` of `workers`.
     pub fn new(chunks: Vec<std::sync::Arc<Vec<u8>>>, worker: usize, workers: usize) -> Self {
-        Restored { chunks, worker: worker as u64, workers: workers.max(1) as u64 }
+        Restored { chunks, worker: worker as u64, workers: workers.max(1) as u64, schema: None }
     }
 
-    /// Calls `each(routing hash, bytes)` for every entry of this worker.
-    ///
-    /// # Panics
-    /// If a chunk is not a list of entries (checkpoint files are checksummed).
-    pub fn for_each(&self, mut each: impl FnMut(u64, &[u8])) {
-        fn word(bytes: &[u8], at: &mut usize) -> u64 {
-            let w = u64::from_le_bytes(bytes[*at..*at + 8].try_into().expect("8 bytes"));
-            *at += 8;
-            w
-        }
+    /// The same entries, written under `schema`.
+    pub fn with_schema(mut self, schema: Option<Schema>) -> Self {
+        self.schema = schema;
+        self
+    }
+
+    /// The schema the entries were written under, if known.
+    pub fn schema(&self) -> Option<&Schema> {
+        self.schema.as_ref()
+    }
+
+    /// Calls `each(routing hash, bytes)` for every entry of this worker, in
+    /// the order they were written; stops at the first damaged chunk.
+    pub fn try_for_each(&self, mut each: impl FnMut(u64, &[u8])) -> Result<(), StateError> {
         for chunk in &self.chunks {
-            let bytes = chunk.as_slice();
-            let mut at = 0;
-            let count = word(bytes, &mut at);
-            for _ in 0..count {
-                let route = word(bytes, &mut at);
-                let len = word(bytes, &mut at) as usize;
+            for entry in chunk_entries(chunk) {
+                let (route, bytes) = entry?;
                 if route % self.workers == self.worker {
-                    each(route, &bytes[at..at + len]);
+                    each(route, bytes);
                 }
-                at += len;
             }
         }
+        Ok(())
     }
 
-    /// The number of entries of this worker.
+    /// The number of entries of this worker (0 if a chunk is damaged).
     pub fn len(&self) -> usize {
         let mut n = 0;
-        self.for_each(|_, _| n += 1);
-        n
+        self.try_for_each(|_, _| n += 1).map_or(0, |()| n)
     }
 
     /// Whether this worker has no entry.
@@ -143,8 +274,15 @@ pub trait StateStore {
         None
     }
     /// Declares a checkpointable operator, by a name stable across runs of
-    /// the same program (its name and its address in the dataflow).
-    fn register(&self, operator: &str);
+    /// the same program (its name and its address in the dataflow), with the
+    /// schema of its state and the older versions it migrates from. A store
+    /// restoring a checkpoint refuses (see [`fail`](Self::fail)) an operator
+    /// whose checkpointed schema is neither.
+    fn register(&self, operator: &str, schema: &Schema, migrates_from: &[u32]);
+    /// Reports that `operator`'s state could not be restored or taken: the
+    /// store fails the job's checkpointing with `error` (no later checkpoint
+    /// commits) and reports it where the job is started or finished.
+    fn fail(&self, operator: &str, error: StateError);
     /// Declares a stateful operator whose state cannot be checkpointed.
     fn unsupported(&self, operator: &str);
     /// The entries restored for `operator` on this worker (those whose
@@ -175,26 +313,26 @@ pub fn installed() -> Option<Rc<dyn StateStore>> {
     STORE.with(|s| s.borrow().clone())
 }
 
-/// Declares a stateful operator that cannot be checkpointed (if a store is installed).
-pub(crate) fn unsupported(name: &str) {
-    if let Some(store) = installed() {
-        store.unsupported(name);
+/// Encodes a piece of state for an [`Entry`] with postcard (see the
+/// `postcard` entry of the workspace's Cargo.toml for why).
+pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, postcard::Error> {
+    postcard::to_allocvec(value)
+}
+
+/// Decodes a piece of state written by [`encode`]; trailing bytes are an error.
+pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, postcard::Error> {
+    let (value, rest) = postcard::take_from_bytes(bytes)?;
+    if rest.is_empty() {
+        Ok(value)
+    } else {
+        Err(postcard::Error::DeserializeBadEncoding)
     }
 }
 
-/// Serializes a piece of state for an [`Entry`].
-pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    bincode::serialize(value).expect("operator state is plain data and serializes")
-}
-
-/// Deserializes a piece of state written by [`encode`].
-///
-/// # Panics
-/// If the bytes are not a `T`: checkpoints are checksummed and carry the
-/// dataflow's fingerprint, so this means a program changed its state types
-/// without changing its structure.
-pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> T {
-    bincode::deserialize(bytes).expect("checkpointed state decodes as the operator's state type")
+/// Decodes the first value of an entry written by [`encode`] (e.g. the
+/// leading field of a tuple), ignoring the rest.
+pub fn decode_prefix<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, postcard::Error> {
+    postcard::take_from_bytes(bytes).map(|(value, _)| value)
 }
 
 /// What a gate and its operator share.
@@ -221,7 +359,7 @@ pub(crate) enum Away<S> {
         cut: Cut,
         /// The time the worker spent handing it over.
         pause: std::time::Duration,
-        back: std::sync::mpsc::Receiver<(S, Vec<Entry>, std::time::Duration)>,
+        back: std::sync::mpsc::Receiver<(S, Result<Vec<Entry>, StateError>, std::time::Duration)>,
     },
     /// Serialized in place (the final cut) and submitted already.
     Kept(S),
@@ -241,10 +379,18 @@ impl Checkpointer {
         gate::gate(stream, Pipeline, Rc::clone(&self.store), Rc::clone(&self.shared))
     }
 
-    /// Registers the operator under `name` at `address` in `scope`.
-    pub(crate) fn register(&mut self, name: &str, address: &[usize], scope: &timely::dataflow::Scope<'_, Timestamp>) {
+    /// Registers the operator under `name` at `address` in `scope`, with
+    /// the schema of its state and the versions it migrates from.
+    pub(crate) fn register(
+        &mut self,
+        name: &str,
+        address: &[usize],
+        scope: &timely::dataflow::Scope<'_, Timestamp>,
+        schema: &Schema,
+        migrates_from: &[u32],
+    ) {
         self.name = format!("{name}@{address:?}");
-        self.store.register(&self.name);
+        self.store.register(&self.name, schema, migrates_from);
         let activator = scope.worker().sync_activator_for(address.to_vec());
         self.waker = Some(activator.clone());
         self.store.on_cut(Box::new(move || {
@@ -265,10 +411,12 @@ impl Checkpointer {
     pub(crate) fn snapshot_away<S, F>(&self, cut: Cut, state: S, serialize: F) -> Away<S>
     where
         S: Send + 'static,
-        F: FnOnce(&S) -> Vec<Entry> + Send + 'static,
+        F: FnOnce(&S) -> Result<Vec<Entry>, StateError> + Send + 'static,
     {
         if cut.is_final() {
-            self.snapshot(cut, || serialize(&state));
+            let started = std::time::Instant::now();
+            let entries = serialize(&state);
+            self.submitted(cut, entries, started.elapsed());
             return Away::Kept(state);
         }
         let started = std::time::Instant::now();
@@ -320,9 +468,14 @@ impl Checkpointer {
         }
     }
 
-    /// Hands over the entries of `cut` and opens the gates.
-    fn submitted(&self, cut: Cut, entries: Vec<Entry>, pause: std::time::Duration) {
-        self.store.submit(&self.name, cut, entries, pause);
+    /// Hands over the entries of `cut` and opens the gates. State that did
+    /// not encode fails the checkpointing (the gates open all the same, so
+    /// that the dataflow goes on to report it).
+    fn submitted(&self, cut: Cut, entries: Result<Vec<Entry>, StateError>, pause: std::time::Duration) {
+        match entries {
+            Ok(entries) => self.store.submit(&self.name, cut, entries, pause),
+            Err(e) => self.store.fail(&self.name, e),
+        }
         self.shared.done.set(Some(cut.id));
         for gate in self.shared.gates.borrow().iter() {
             gate.activate();
@@ -335,17 +488,15 @@ impl Checkpointer {
         Some((time, self.store.restored(&self.name).unwrap_or_default()))
     }
 
+    /// Reports that the operator's state could not be restored.
+    pub(crate) fn fail(&self, error: StateError) {
+        self.store.fail(&self.name, error);
+    }
+
     /// The cut to snapshot now that the operator's input watermark is
     /// `watermark` and it has fired everything that completes, if any.
     pub(crate) fn due(&self, watermark: Timestamp) -> Option<Cut> {
         self.store.cut_after(self.shared.done.get()).filter(|c| c.time <= watermark)
-    }
-
-    /// Takes the state as of `cut` with `snapshot`, hands it over, and opens the gates.
-    fn snapshot(&self, cut: Cut, snapshot: impl FnOnce() -> Vec<Entry>) {
-        let started = std::time::Instant::now();
-        let entries = snapshot();
-        self.submitted(cut, entries, started.elapsed());
     }
 }
 

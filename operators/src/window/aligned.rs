@@ -10,9 +10,9 @@ use timely::dataflow::operators::InputCapability;
 
 use super::{skeleton, AssignWindows, Skeleton, Window, WindowResult, Windowed};
 use crate::aggregate::Aggregate;
-use crate::checkpoint::{decode, encode, Entry, Restored};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
+use crate::state::{OperatorState, RestoredEntries, Schema, Snapshot};
 use crate::stream::EventStream;
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
 
@@ -62,11 +62,13 @@ struct State<K, Acc, O> {
     dirty: Vec<(Timestamp, Timestamp, K)>,
 }
 
-impl<K: Key, Acc, O: Clone> State<K, Acc, O> {
-    fn new() -> Self {
+impl<K, Acc, O> Default for State<K, Acc, O> {
+    fn default() -> Self {
         State { buckets: BTreeMap::new(), fired_upto: 0, dirty: Vec::new() }
     }
+}
 
+impl<K: Key, Acc, O: Clone> State<K, Acc, O> {
     /// The slot of `window` and `key`, creating it; a window that has not
     /// fired yet promises output no later than the arrival of its records.
     fn slot(
@@ -106,32 +108,44 @@ impl<K: Key, Acc, O: Clone> State<K, Acc, O> {
     }
 }
 
-impl<K: Key, Acc, O> State<K, Acc, O>
+impl<K, Acc, O> OperatorState for State<K, Acc, O>
 where
-    Acc: serde::Serialize + serde::de::DeserializeOwned,
-    O: serde::Serialize + serde::de::DeserializeOwned,
+    K: Key,
+    Acc: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+    O: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
 {
+    const SCHEMA: Schema = Schema::new("window.aligned", 1);
+    /// A window's end and start, a key, and its slot.
+    type Entry = (Timestamp, Timestamp, K, Slot<Acc, O>);
+    type Prepared = ();
+
     /// The state as checkpoint entries, one per window and key, routed by key.
     /// Taken when the watermark is at the cut and everything it completes
     /// has fired, so no correction is pending.
-    fn snapshot(&self) -> Vec<Entry> {
+    fn snapshot(&self, (): (), out: &mut Snapshot) {
         debug_assert!(self.dirty.is_empty(), "corrections go out with the records that cause them");
-        let mut entries = Vec::new();
         for (end, bucket) in self.buckets.iter() {
+            out.reserve(bucket.slots.len());
             for ((start, key), slot) in bucket.slots.iter() {
-                entries.push((route(key), encode(&(end, start, key, slot))));
+                out.push(route(key), &(end, start, key, slot));
             }
         }
-        entries
     }
+}
 
+impl<K, Acc, O> State<K, Acc, O>
+where
+    K: Key,
+    Acc: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+    O: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+{
     /// Rebuilds the state checkpointed at `time` from this worker's `entries`:
     /// windows ending after `time` owe their results at their last millisecond
     /// (their records all arrived before `time`, so none was late for them).
     fn restore(
         &mut self,
         time: Timestamp,
-        entries: Restored,
+        entries: &mut RestoredEntries<Self>,
         hold: &mut Hold,
         initial: &[timely::dataflow::operators::Capability<Timestamp>],
     ) {
@@ -140,8 +154,7 @@ where
         // its window's end): entries come in the order of the old map's hashes,
         // and inserting them so into a growing map of the same hasher clusters.
         let mut sizes: BTreeMap<Timestamp, usize> = BTreeMap::new();
-        entries.for_each(|_, bytes| {
-            let end: Timestamp = decode(&bytes[..8]);
+        entries.for_each_prefix(|end: Timestamp| {
             *sizes.entry(end).or_insert(0) += 1;
         });
         for (end, size) in sizes {
@@ -152,9 +165,12 @@ where
                 hold.restore(end - 1, initial);
             }
         }
-        entries.for_each(|_, bytes| {
-            let (end, start, key, slot): (Timestamp, Timestamp, K, Slot<Acc, O>) = decode(bytes);
-            self.buckets.get_mut(&end).expect("sized above").slots.insert((start, key), slot);
+        entries.for_each(|(end, start, key, slot)| {
+            let bucket = self
+                .buckets
+                .entry(end)
+                .or_insert_with(|| Bucket { emit_at: Timestamp::MAX, slots: StateMap::default() });
+            bucket.slots.insert((start, key), slot);
         });
     }
 }
@@ -175,29 +191,23 @@ where
     A: Aggregate<D>,
 {
     let key = Rc::new(key);
-    let (
-        Skeleton { builder, checkpointer, mut input, results: mut results_out, late: mut late_out, late_count },
-        windowed,
-    ) = skeleton(stream, name, &key, true);
+    let (Skeleton { builder, mut input, results: mut results_out, late: mut late_out, late_count }, windowed) =
+        skeleton::<State<K, A::Acc, A::Output>, _, _, _, _>(stream, name, &key);
     let counter = late_count;
-    let activator = stream.scope().activator_for(builder.operator_info().address);
+    let activator = builder.activator();
 
-    builder.build(move |initial_capabilities| {
-        let mut state = State::<K, A::Acc, A::Output>::new();
+    builder.build(move |initial_capabilities, mut managed| {
         let mut hold = Hold::default();
-        if let Some((time, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
-            state.restore(time, entries, &mut hold, &initial_capabilities);
-        }
+        managed.restore(|state, time, entries| state.restore(time, entries, &mut hold, &initial_capabilities));
         drop(initial_capabilities);
         let mut assigned: SmallVec<[Window; 4]> = SmallVec::new();
         // Windows being fired (without lateness): end, output time, slots left.
         let mut firing: VecDeque<Firing<K, A::Acc, A::Output>> = VecDeque::new();
-        // The state while a background thread serializes it for a checkpoint.
-        let mut away = None;
         move |frontiers| {
-            if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |back| state = back)) {
+            if !managed.home() {
                 return;
             }
+            let state = managed.get();
             let mut results = results_out.activate();
             let mut late = late_out.activate();
 
@@ -306,11 +316,8 @@ where
                 firing.pop_front();
             }
             hold.settle(None);
-            if let Some(c) = checkpointer.as_ref().filter(|_| firing.is_empty()) {
-                if let Some(cut) = c.due(watermark) {
-                    let taken = std::mem::replace(&mut state, State::new());
-                    away = Some(c.snapshot_away(cut, taken, State::snapshot));
-                }
+            if firing.is_empty() {
+                managed.checkpoint(watermark, ());
             }
         }
     });

@@ -5,13 +5,13 @@ use std::rc::Rc;
 
 use timely::dataflow::operators::{Capability, InputCapability};
 
-use super::{skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
+use super::{consolidate, skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
 use crate::aggregate::Aggregate;
-use crate::checkpoint::{decode, encode, Entry};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
+use crate::state::{OperatorState, Schema, Snapshot};
 use crate::stream::{EventStream, Update};
-use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
+use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp};
 
 /// Windows of a number of records per key, counted in event-time order.
 ///
@@ -25,8 +25,13 @@ use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
 ///
 /// A late record within the allowed lateness is put in its place, and every
 /// window it shifts is retracted and emitted again; the state for this keeps
-/// the records of the last `allowed lateness` ms plus `size` more. Count
-/// windows take insertions only.
+/// the records of the last `allowed lateness` ms plus `size` more.
+///
+/// A retraction takes its record out of the key's sequence, and every window
+/// it shifts is retracted and emitted again (a retraction and an insertion of
+/// the same record in one millisecond cancel out before the windows see them).
+/// A retraction of a record the key does not hold (any more: beyond the
+/// allowed lateness) goes to the late output.
 ///
 /// Count windows are checkpointable: a checkpoint holds, per key, those
 /// records with the position of the first and the windows emitted over them
@@ -105,12 +110,44 @@ impl<D, O> KeyState<D, O> {
 }
 
 /// A key's checkpoint entry: its processed records and emitted windows (if
-/// any), and its records waiting for the watermark, as `(event time, record)`.
-type KeyEntry<K, D, O> = (K, Option<KeyState<D, O>>, Vec<(Timestamp, D)>);
+/// any), and its updates waiting for the watermark, as `(event time, (record,
+/// diff))`.
+type KeyEntry<K, D, O> = (K, Option<KeyState<D, O>>, Vec<(Timestamp, (D, Diff))>);
 
-/// What a checkpoint serializes: the keys' records and windows, and the
-/// records waiting for the watermark.
-type Snapshotted<K, D, O> = (StateMap<K, KeyState<D, O>>, Pending<D>);
+/// The operator's state: the keys' records and windows, and the records
+/// waiting for the watermark.
+struct CountState<K, D, O> {
+    keys: StateMap<K, KeyState<D, O>>,
+    waiting: Pending<(D, Diff)>,
+}
+
+impl<K, D, O> Default for CountState<K, D, O> {
+    fn default() -> Self {
+        CountState { keys: StateMap::default(), waiting: Pending::default() }
+    }
+}
+
+impl<K: Key, D: Data, O: Data> OperatorState for CountState<K, D, O> {
+    const SCHEMA: Schema = Schema::new("window.count", 1);
+    type Entry = KeyEntry<K, D, O>;
+    /// The waiting records' keys, in the order they wait (key functions stay
+    /// on the worker: they need not be `Send`).
+    type Prepared = Vec<K>;
+
+    /// Each key's records and emitted windows, and its records waiting for
+    /// the watermark.
+    fn snapshot(&self, held_keys: Vec<K>, out: &mut Snapshot) {
+        let mut held = self.waiting.by_key(held_keys);
+        out.reserve(self.keys.len() + held.len());
+        for (k, state) in self.keys.iter() {
+            let records = held.remove(k).unwrap_or_default();
+            out.push(route(k), &(k, Some(state), records));
+        }
+        for (k, records) in held {
+            out.push(route(&k), &(&k, None::<&KeyState<D, O>>, records));
+        }
+    }
+}
 
 /// Records waiting until the watermark passes their event time, so that they
 /// can be taken in event-time order, which a checkpoint can list by key and a
@@ -237,6 +274,72 @@ impl<D: Data + Ord> WindowSpec<D> for CountWindows {
     }
 }
 
+/// Takes `count` copies of `record` at `time` out of a key's processed
+/// records, retracting every window they shift and emitting them again
+/// (into `out`); returns how many copies were not there to take.
+#[allow(clippy::too_many_arguments)]
+fn retract<K: Key, D: Data + Ord, A: Aggregate<D>>(
+    state: &mut KeyState<D, A::Output>,
+    record: &D,
+    time: Timestamp,
+    count: Diff,
+    agg: &A,
+    k: &K,
+    spec: CountWindows,
+    out: &mut Vec<Update<WindowResult<K, A::Output>>>,
+    emitted: &mut Vec<(u64, Window, A::Output)>,
+) -> Diff {
+    for taken in 0..count {
+        let pos = state.history.partition_point(|(t, d)| (*t, d) < (time, record));
+        if state.history.get(pos).is_none_or(|(t, d)| *t != time || d != record) {
+            return count - taken;
+        }
+        let abs = state.base + pos as u64;
+        while state.emitted.back().is_some_and(|(last, _, _)| *last >= abs) {
+            let (_, window, value) = state.emitted.pop_back().expect("checked non-empty");
+            out.push((WindowResult { window, key: k.clone(), value }, window.end - 1, -1));
+        }
+        state.history.remove(pos);
+        let end = state.base + state.history.len() as u64;
+        evaluate(spec, state, abs, end, agg, k, out, emitted);
+        state.emitted.extend(emitted.drain(..));
+    }
+    0
+}
+
+/// The windows ending at absolute indexes `from..to`, computed from the
+/// key's records: results into `out`, and with their values into `emitted`.
+#[allow(clippy::too_many_arguments)]
+fn evaluate<K: Key, D, A: Aggregate<D>>(
+    spec: CountWindows,
+    state: &KeyState<D, A::Output>,
+    from: u64,
+    to: u64,
+    agg: &A,
+    k: &K,
+    out: &mut Vec<Update<WindowResult<K, A::Output>>>,
+    emitted: &mut Vec<(u64, Window, A::Output)>,
+) {
+    for i in from..to {
+        let Some(first) = spec.window_ending_at(i) else {
+            continue;
+        };
+        let first = first.max(state.base);
+        let mut acc = agg.init();
+        let records = state.history.range((first - state.base) as usize..=(i - state.base) as usize);
+        let mut window = Window::new(Timestamp::MAX, 0);
+        for (t, d) in records {
+            agg.update(&mut acc, d, 1);
+            window.start = window.start.min(*t);
+            window.end = window.end.max(t + 1);
+        }
+        if let Some(value) = agg.output(&acc) {
+            out.push((WindowResult { window, key: k.clone(), value: value.clone() }, window.end - 1, 1));
+            emitted.push((i, window, value));
+        }
+    }
+}
+
 fn aggregate<'scope, D, K, KF, A>(
     stream: &EventStream<'scope, D>,
     name: &str,
@@ -252,75 +355,42 @@ where
     A: Aggregate<D>,
 {
     let key = Rc::new(key);
-    let (
-        Skeleton { builder, checkpointer, mut input, results: mut results_out, late: mut late_out, late_count },
-        windowed,
-    ) = skeleton(stream, name, &key, true);
+    let (Skeleton { builder, mut input, results: mut results_out, late: mut late_out, late_count }, windowed) =
+        skeleton::<CountState<K, D, A::Output>, _, _, _, _>(stream, name, &key);
     let counter = late_count;
 
-    // The windows ending at absolute indexes `from..to`, computed from `history`.
-    let evaluate = move |state: &KeyState<D, A::Output>,
-                         from: u64,
-                         to: u64,
-                         agg: &A,
-                         k: &K,
-                         out: &mut Vec<Update<WindowResult<K, A::Output>>>,
-                         emitted: &mut Vec<(u64, Window, A::Output)>| {
-        for i in from..to {
-            let Some(first) = spec.window_ending_at(i) else {
-                continue;
-            };
-            let first = first.max(state.base);
-            let mut acc = agg.init();
-            let records = state.history.range((first - state.base) as usize..=(i - state.base) as usize);
-            let mut window = Window::new(Timestamp::MAX, 0);
-            for (t, d) in records {
-                agg.update(&mut acc, d, 1);
-                window.start = window.start.min(*t);
-                window.end = window.end.max(t + 1);
-            }
-            if let Some(value) = agg.output(&acc) {
-                out.push((WindowResult { window, key: k.clone(), value: value.clone() }, window.end - 1, 1));
-                emitted.push((i, window, value));
-            }
-        }
-    };
-
-    builder.build(move |initial_capabilities| {
-        let mut keys: StateMap<K, KeyState<D, A::Output>> = StateMap::default();
-        let mut waiting: Pending<D> = Pending::default();
-        let mut hold = Hold::default();
+    builder.build(move |initial_capabilities, mut managed| {
+        // Results go out on output 0, unmatched retractions on the late output 1.
+        let mut hold = Hold::with_outputs(2);
         let mut processed_upto: Timestamp = 0;
         let mut touched: Vec<K> = Vec::new();
         // Recovery: each key's records and emitted windows, and its records
         // waiting for the watermark (which owe their results at their time).
-        if let Some((time, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
+        managed.restore(|st, time, entries| {
             processed_upto = time;
             // Sized at once: entries come in the old map's hash order (see the aligned windows).
-            keys.reserve(entries.len());
-            entries.for_each(|_, bytes| {
-                let (k, state, held): KeyEntry<K, D, A::Output> = decode(bytes);
+            st.keys.reserve(entries.len());
+            entries.for_each(|(k, state, held)| {
                 for (t, record) in held {
-                    waiting.restore(record, t, time, &mut hold, &initial_capabilities);
+                    st.waiting.restore(record, t, time, &mut hold, &initial_capabilities);
                 }
                 if let Some(state) = state {
                     if state.touched {
                         touched.push(k.clone());
                     }
-                    keys.insert(k, state);
+                    st.keys.insert(k, state);
                 }
             });
-        }
+        });
         drop(initial_capabilities);
         let mut out = Vec::new();
         let mut emitted = Vec::new();
-        // The records and windows while a background thread serializes them for a checkpoint.
-        let mut away = None;
 
         move |frontiers| {
-            if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |(k, w)| (keys, waiting) = (k, w))) {
+            if !managed.home() {
                 return;
             }
+            let CountState { keys, waiting } = managed.get();
             let mut results = results_out.activate();
             let mut late = late_out.activate();
 
@@ -328,7 +398,6 @@ where
                 let arrived = arrival_time(&cap);
                 for batch in data {
                     for (record, time, diff) in batch.drain(..) {
-                        assert!(diff > 0, "count windows take insertions only (got diff {diff})");
                         // Too late by its own time: judged first, so that the outcome
                         // does not depend on how far this operator has got.
                         if lateness.release_at(time.saturating_add(1)) <= arrived {
@@ -336,17 +405,28 @@ where
                             counter.add(1);
                             continue;
                         }
-                        if time >= processed_upto {
-                            for _ in 0..diff {
-                                waiting.insert(record.clone(), time, arrived, &mut hold, &cap);
-                            }
+                        if diff == 0 {
                             continue;
                         }
-                        // Late but allowed: insert in place, re-emit every shifted window.
+                        if time >= processed_upto {
+                            waiting.insert((record, diff), time, arrived, &mut hold, &cap);
+                            continue;
+                        }
+                        // Late but allowed: insert in place (or take out), re-emit every
+                        // shifted window.
                         let k = key(&record);
                         let state = keys.entry(k.clone()).or_insert_with(KeyState::new);
                         if !std::mem::replace(&mut state.touched, true) {
                             touched.push(k.clone());
+                        }
+                        if diff < 0 {
+                            let left = retract(state, &record, time, -diff, &agg, &k, spec, &mut out, &mut emitted);
+                            if left > 0 {
+                                // More retracted than the window holds (or trimmed): not applied.
+                                late.session(&cap).give((record, time, -left));
+                                counter.add(1);
+                            }
+                            continue;
                         }
                         for _ in 0..diff {
                             let pos = state.history.partition_point(|(t, d)| (*t, d) <= (time, &record));
@@ -357,7 +437,7 @@ where
                             }
                             state.history.insert(pos, (time, record.clone()));
                             let end = state.base + state.history.len() as u64;
-                            evaluate(state, abs, end, &agg, &k, &mut out, &mut emitted);
+                            evaluate(spec, state, abs, end, &agg, &k, &mut out, &mut emitted);
                             state.emitted.extend(emitted.drain(..));
                         }
                     }
@@ -371,17 +451,27 @@ where
             if watermark > processed_upto {
                 processed_upto = watermark;
                 while let Some((time, mut records, emit_at)) = waiting.pop_before(watermark, &mut hold) {
-                    records.sort();
-                    for record in records {
+                    // Ties in one millisecond in the records' own order, not arrival order.
+                    consolidate(&mut records);
+                    for (record, net) in records {
+                        if net < 0 {
+                            // A retraction of a record no window holds (its insertion came
+                            // later, or never): the history has nothing at this time yet.
+                            late.session(&hold.at_or_after_on(emit_at, 1)).give((record, time, net));
+                            counter.add(1);
+                            continue;
+                        }
                         let k = key(&record);
                         let state = keys.entry(k.clone()).or_insert_with(KeyState::new);
                         if !std::mem::replace(&mut state.touched, true) {
                             touched.push(k.clone());
                         }
-                        state.history.push_back((time, record));
-                        let end = state.base + state.history.len() as u64;
-                        evaluate(state, end - 1, end, &agg, &k, &mut out, &mut emitted);
-                        state.emitted.extend(emitted.drain(..));
+                        for _ in 0..net {
+                            state.history.push_back((time, record.clone()));
+                            let end = state.base + state.history.len() as u64;
+                            evaluate(spec, state, end - 1, end, &agg, &k, &mut out, &mut emitted);
+                            state.emitted.extend(emitted.drain(..));
+                        }
                     }
                     if !out.is_empty() {
                         results.session(&hold.at(emit_at)).give_iterator(out.drain(..));
@@ -410,29 +500,7 @@ where
                 }
                 hold.settle(None);
             }
-            if let Some(c) = checkpointer.as_ref() {
-                // Each key's records and emitted windows, and its records waiting
-                // for the watermark (given their keys, in the order they wait).
-                let snapshot = |(keys, waiting): &Snapshotted<K, D, A::Output>, held_keys: Vec<K>| -> Vec<Entry> {
-                    let mut held = waiting.by_key(held_keys);
-                    let mut entries: Vec<Entry> = Vec::with_capacity(keys.len() + held.len());
-                    for (k, state) in keys.iter() {
-                        let records = held.remove(k).unwrap_or_default();
-                        entries.push((route(k), encode(&(k, Some(state), records))));
-                    }
-                    for (k, records) in held {
-                        entries.push((route(&k), encode(&(&k, None::<&KeyState<D, A::Output>>, records))));
-                    }
-                    entries
-                };
-                if let Some(cut) = c.due(watermark) {
-                    // The key function stays here (it need not be `Send`): the
-                    // waiting records' keys are taken now, the rest in the background.
-                    let held_keys = waiting.keys(|d| key(d));
-                    let both = (std::mem::take(&mut keys), std::mem::take(&mut waiting));
-                    away = Some(c.snapshot_away(cut, both, move |both| snapshot(both, held_keys)));
-                }
-            }
+            managed.checkpoint_with(watermark, |st| st.waiting.keys(|(d, _)| key(d)));
         }
     });
 

@@ -7,13 +7,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{de::DeserializeOwned, Serialize};
 
 use super::count::Pending;
-use super::{skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
+use super::{consolidate, skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
 use crate::aggregate::Aggregate;
-use crate::checkpoint::{decode, encode, Entry};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
+use crate::state::{OperatorState, Schema, Snapshot};
 use crate::stream::{EventStream, Update};
-use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp, END_OF_TIME};
+use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
 
 /// What a trigger asks of its window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -232,11 +232,46 @@ type KeyWindowOf<D, T, A> = KeyWindow<<A as Aggregate<D>>::Acc, <T as Trigger<D>
 /// event-time timer), its records waiting for the watermark as `(event time,
 /// record)`, and the operator's last processing-time period (the start of the
 /// next processing-time firing's window).
-type KeyEntry<K, W, D> = (K, Option<W>, Vec<(Timestamp, D)>, u64);
+type KeyEntry<K, W, D> = (K, Option<W>, Vec<(Timestamp, (D, Diff))>, u64);
 
-/// What a checkpoint serializes (with the last period): the keys' windows,
-/// and the records waiting for the watermark.
-type Snapshotted<K, W, D> = (StateMap<K, W>, Pending<D>);
+/// The operator's state: the keys' windows, and the records waiting for
+/// the watermark.
+struct GlobalState<K, W, D> {
+    windows: StateMap<K, W>,
+    waiting: Pending<(D, Diff)>,
+}
+
+impl<K, W, D> Default for GlobalState<K, W, D> {
+    fn default() -> Self {
+        GlobalState { windows: StateMap::default(), waiting: Pending::default() }
+    }
+}
+
+impl<K, W, D> OperatorState for GlobalState<K, W, D>
+where
+    K: Key,
+    W: Serialize + DeserializeOwned + Send + 'static,
+    D: Data,
+{
+    const SCHEMA: Schema = Schema::new("window.global", 1);
+    type Entry = KeyEntry<K, W, D>;
+    /// The waiting records' keys in the order they wait (key functions stay
+    /// on the worker), and the last processing-time period.
+    type Prepared = (Vec<K>, u64);
+
+    /// Each key's window, its records waiting for the watermark, and the last period.
+    fn snapshot(&self, (held_keys, last_period): (Vec<K>, u64), out: &mut Snapshot) {
+        let mut held = self.waiting.by_key(held_keys);
+        out.reserve(self.windows.len() + held.len());
+        for (k, w) in self.windows.iter() {
+            let records = held.remove(k).unwrap_or_default();
+            out.push(route(k), &(k, Some(w), records, last_period));
+        }
+        for (k, records) in held {
+            out.push(route(&k), &(&k, None::<&W>, records, last_period));
+        }
+    }
+}
 
 impl<D: Data + Ord, T: Trigger<D>> WindowSpec<D> for GlobalWindows<T> {
     fn aggregate_core<'scope, K, KF, A>(
@@ -311,35 +346,30 @@ where
     A: Aggregate<D>,
 {
     let key = Rc::new(key);
-    let (
-        Skeleton { builder, checkpointer, mut input, results: mut results_out, late: mut late_out, late_count },
-        windowed,
-    ) = skeleton(stream, name, &key, true);
+    let (Skeleton { builder, mut input, results: mut results_out, late: mut late_out, late_count }, windowed) =
+        skeleton::<GlobalState<K, KeyWindowOf<D, T, A>, D>, _, _, _, _>(stream, name, &key);
     let counter = late_count;
-    let address = builder.operator_info().address;
-    let activator = stream.scope().activator_for(address);
+    let activator = builder.activator();
     let period = trigger.processing_period();
 
-    builder.build(move |initial_capabilities| {
-        let mut windows: StateMap<K, KeyWindowOf<D, T, A>> = StateMap::default();
-        let mut waiting: Pending<D> = Pending::default();
+    builder.build(move |initial_capabilities, mut managed| {
         let mut timers: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
-        let mut hold = Hold::default();
+        // Results go out on output 0, retractions no window holds on the late output 1.
+        let mut hold = Hold::with_outputs(2);
         let mut processed_upto: Timestamp = 0;
         let mut last_period: u64 = period.map(|p| wall_clock_ms() / p * p).unwrap_or(0);
         // The processing-time firing at the end of input has happened.
         let mut flushed = false;
         // Recovery: each key's window with its trigger state and timer, its
         // records waiting for the watermark, and the last processing-time period.
-        if let Some((time, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
+        managed.restore(|GlobalState { windows, waiting }, time, entries| {
             processed_upto = time;
             // A final checkpoint is taken after the end-of-input firing.
             flushed = time == END_OF_TIME;
             let mut restored_period = None::<u64>;
             // Sized at once: entries come in the old map's hash order (see the aligned windows).
             windows.reserve(entries.len());
-            entries.for_each(|_, bytes| {
-                let (k, window, held, period): KeyEntry<K, KeyWindowOf<D, T, A>, D> = decode(bytes);
+            entries.for_each(|(k, window, held, period)| {
                 restored_period = restored_period.max(Some(period));
                 for (t, record) in held {
                     waiting.restore(record, t, time, &mut hold, &initial_capabilities);
@@ -360,7 +390,7 @@ where
                 hold.restore(time, &initial_capabilities);
                 hold.remove(time);
             }
-        }
+        });
         drop(initial_capabilities);
         let mut out = Vec::new();
         let mut touched: Vec<K> = Vec::new();
@@ -375,14 +405,13 @@ where
             timer: None,
         };
 
-        // The windows and waiting records while a background thread serializes
-        // them for a checkpoint (the timers stay: the windows carry them too).
-        let mut away = None;
-
         move |frontiers| {
-            if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |(w, p)| (windows, waiting) = (w, p))) {
+            // While a background thread snapshots the windows and waiting records
+            // (the timers stay: the windows carry them too), nothing is done.
+            if !managed.home() {
                 return;
             }
+            let GlobalState { windows, waiting } = managed.get();
             let mut results = results_out.activate();
             let mut late = late_out.activate();
 
@@ -413,23 +442,50 @@ where
                 }
             };
 
+            // Takes a record out of its key's window (the trigger sees insertions
+            // only); `false` if the key's window holds no records (none yet, or
+            // none since it was purged) to take it from.
+            let retract =
+                |record: &D, diff: Diff, windows: &mut StateMap<K, KeyWindow<_, _, _>>, touched: &mut Vec<K>| {
+                    let k = key(record);
+                    let Some(w) = windows.get_mut(&k).filter(|w| w.filled) else { return false };
+                    agg.update(&mut w.acc, record, diff);
+                    w.changed = true;
+                    touched.push(k);
+                    true
+                };
+
             input.for_each_stamp(|cap, data| {
                 let arrived = arrival_time(&cap);
                 for batch in data {
                     for (record, time, diff) in batch.drain(..) {
-                        assert!(diff > 0, "global windows take insertions only (got diff {diff})");
+                        if diff <= 0 {
+                            if diff == 0 {
+                                continue;
+                            }
+                            if lateness.release_at(time.saturating_add(1)) <= arrived {
+                                late.session(&cap).give((record, time, diff));
+                                counter.add(1);
+                            } else if time >= processed_upto {
+                                waiting.insert((record, diff), time, arrived, &mut hold, &cap);
+                            } else if !retract(&record, diff, windows, &mut touched) {
+                                late.session(&cap).give((record, time, diff));
+                                counter.add(1);
+                            }
+                            continue;
+                        }
                         for _ in 0..diff {
                             if lateness.release_at(time.saturating_add(1)) <= arrived {
                                 late.session(&cap).give((record.clone(), time, 1));
                                 counter.add(1);
                             } else if time >= processed_upto {
-                                waiting.insert(record.clone(), time, arrived, &mut hold, &cap);
+                                waiting.insert((record.clone(), 1), time, arrived, &mut hold, &cap);
                             } else {
                                 // Late but allowed: added now, out of order. Its window may
                                 // fire later (a timer, the processing-time period), so keep a
                                 // capability; the floor below holds it from then on.
                                 hold.retain(&cap);
-                                add(record.clone(), time, &mut windows, &mut timers, &mut out, &mut touched, arrived);
+                                add(record.clone(), time, windows, &mut timers, &mut out, &mut touched, arrived);
                             }
                         }
                     }
@@ -469,10 +525,20 @@ where
                         (Some(_), _) => {
                             let (time, mut records, emit_at) =
                                 waiting.pop_before(watermark, &mut hold).expect("checked above");
-                            // Ties in one millisecond in the records' own order, not arrival order.
-                            records.sort();
-                            for record in records {
-                                add(record, time, &mut windows, &mut timers, &mut out, &mut touched, emit_at);
+                            // Ties in one millisecond in the records' own order, not arrival
+                            // order; a retraction and an insertion of a record cancel out.
+                            consolidate(&mut records);
+                            for (record, net) in records {
+                                if net < 0 {
+                                    if !retract(&record, net, windows, &mut touched) {
+                                        late.session(&hold.at_or_after_on(emit_at, 1)).give((record, time, net));
+                                        counter.add(1);
+                                    }
+                                    continue;
+                                }
+                                for _ in 0..net {
+                                    add(record.clone(), time, windows, &mut timers, &mut out, &mut touched, emit_at);
+                                }
                             }
                             if !out.is_empty() {
                                 results.session(&hold.at(emit_at)).give_iterator(out.drain(..));
@@ -526,34 +592,8 @@ where
                 .then_some(processed_upto)
                 .filter(|t| *t < END_OF_TIME);
             hold.settle(floor);
-            if let Some(c) = checkpointer.as_ref() {
-                // Each key's window, its records waiting for the watermark (given
-                // their keys, in the order they wait), and the last period.
-                let snapshot = |(windows, waiting): &Snapshotted<K, KeyWindowOf<D, T, A>, D>,
-                                held_keys: Vec<K>,
-                                last_period: u64|
-                 -> Vec<Entry> {
-                    let mut held = waiting.by_key(held_keys);
-                    let mut entries: Vec<Entry> = Vec::with_capacity(windows.len() + held.len());
-                    for (k, w) in windows.iter() {
-                        let records = held.remove(k).unwrap_or_default();
-                        entries.push((route(k), encode(&(k, Some(w), records, last_period))));
-                    }
-                    for (k, records) in held {
-                        let none = None::<&KeyWindowOf<D, T, A>>;
-                        entries.push((route(&k), encode(&(&k, none, records, last_period))));
-                    }
-                    entries
-                };
-                if let Some(cut) = c.due(watermark) {
-                    // The key function stays here (it need not be `Send`): the
-                    // waiting records' keys are taken now, the rest in the background.
-                    let held_keys = waiting.keys(|d| key(d));
-                    let both = (std::mem::take(&mut windows), std::mem::take(&mut waiting));
-                    let serialize = move |both: &_| snapshot(both, held_keys, last_period);
-                    away = Some(c.snapshot_away(cut, both, serialize));
-                }
-            }
+            // The waiting records' keys are taken here (key functions need not be `Send`).
+            managed.checkpoint_with(watermark, |st| (st.waiting.keys(|(d, _)| key(d)), last_period));
         }
     });
 

@@ -47,14 +47,13 @@ use timely::communication::Pull;
 use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::LogPuller;
 use timely::dataflow::channels::Message;
-use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
 use timely::dataflow::operators::generic::{InputHandleCore, OutputBuilder};
 
 use crate::aggregate::Aggregate;
-use crate::checkpoint::{keyed_input, Checkpointer};
 use crate::key::route;
 use crate::key::{Data, Key};
 use crate::late::{Counter, LateOutput};
+use crate::state::{OperatorState, Stateful, StatefulBuilder};
 use crate::stream::{EventStream, Update};
 use crate::time::{AllowedLateness, Timestamp};
 
@@ -114,65 +113,63 @@ type KeyedInput<D> =
 /// An operator output of updates of `T`.
 type OutputOf<T> = OutputBuilder<Timestamp, CapacityContainerBuilder<Vec<Update<T>>>>;
 
-/// What every window operator is built from: its input, exchanged by key, an
-/// output of results and one of late records, and the late records' counter.
-struct Skeleton<'scope, D: 'static, K: 'static, O: 'static> {
-    builder: OperatorBuilder<'scope, Timestamp>,
-    /// The link to the checkpointing runtime, if one is installed and the
-    /// operator can be checkpointed.
-    checkpointer: Option<Checkpointer>,
+/// What every window operator is built from: the stateful operator (its
+/// state `S`), its input exchanged by key, an output of results and one of
+/// late records, and the late records' counter.
+struct Skeleton<'scope, S, D: 'static, K: 'static, O: 'static> {
+    builder: StatefulBuilder<'scope, S>,
     input: KeyedInput<D>,
     results: OutputOf<WindowResult<K, O>>,
     late: OutputOf<D>,
     late_count: Counter,
 }
 
-/// Builds the skeleton of a window operator named `name` keyed by `key`, and
-/// the [`Windowed`] streams it will produce. A `checkpointable` operator reads
-/// its input through a checkpoint gate when checkpoints are on; the others
-/// declare themselves unsupported.
-fn skeleton<'scope, D, K, O, KF>(
+/// A window operator's skeleton and the streams it will produce.
+type Built<'scope, S, D, K, O> = (Skeleton<'scope, S, D, K, O>, Windowed<'scope, K, O, D>);
+
+/// Builds the skeleton of a window operator named `name` keyed by `key`,
+/// keeping state `S`, and the [`Windowed`] streams it will produce.
+fn skeleton<'scope, S, D, K, O, KF>(
     stream: &EventStream<'scope, D>,
     name: &str,
     key: &Rc<KF>,
-    checkpointable: bool,
-) -> (Skeleton<'scope, D, K, O>, Windowed<'scope, K, O, D>)
+) -> Built<'scope, S, D, K, O>
 where
+    S: OperatorState,
     D: Data,
     K: Key,
     O: Data,
     KF: Fn(&D) -> K + 'static,
 {
     let key = Rc::clone(key);
-    let mut checkpointer = if checkpointable {
-        Checkpointer::new()
-    } else {
-        crate::checkpoint::unsupported(name);
-        None
-    };
-    let (stream, pact) = keyed_input(checkpointer.as_ref(), stream, move |u: &Update<D>| route(&key(&u.0)));
-    let scope = stream.scope();
-    let mut builder = OperatorBuilder::new(name.to_owned(), scope);
-    if let Some(c) = checkpointer.as_mut() {
-        c.register(name, &builder.operator_info().address, &scope);
-    }
-    let input = builder.new_input(stream.inner.clone(), pact);
-    let (results_out, results) = builder.new_output();
-    let (late_out, late) = builder.new_output();
+    let stateful = Stateful::<S>::new(name);
+    let gated = stateful.keyed_input(stream, move |u: &Update<D>| route(&key(&u.0)));
+    let mut builder = stateful.builder(&stream.scope());
+    let input = builder.input(gated);
+    let (results, results_stream) = builder.output();
+    let (late, late_stream) = builder.output();
     let late_count = Counter::new();
-    let windowed = Windowed {
-        results: EventStream::new(results),
-        late: LateOutput { stream: EventStream::new(late), count: late_count.clone() },
-    };
-    let skeleton = Skeleton {
-        builder,
-        checkpointer,
-        input,
-        results: OutputBuilder::from(results_out),
-        late: OutputBuilder::from(late_out),
-        late_count,
-    };
-    (skeleton, windowed)
+    let windowed =
+        Windowed { results: results_stream, late: LateOutput { stream: late_stream, count: late_count.clone() } };
+    (Skeleton { builder, input, results, late, late_count }, windowed)
+}
+
+/// Sorts updates by record and sums the diffs of equal records, dropping
+/// those that cancel out (the records of one millisecond, before a count or
+/// global window takes them in their own order).
+fn consolidate<D: Ord>(updates: &mut Vec<(D, crate::time::Diff)>) {
+    updates.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut write = 0;
+    for read in 0..updates.len() {
+        if write > 0 && updates[write - 1].0 == updates[read].0 {
+            updates[write - 1].1 += updates[read].1;
+        } else {
+            updates.swap(write, read);
+            write += 1;
+        }
+    }
+    updates.truncate(write);
+    updates.retain(|(_, diff)| *diff != 0);
 }
 
 /// Assigns a record to the time windows it belongs to.

@@ -6,11 +6,11 @@ use std::rc::Rc;
 
 use super::{skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
 use crate::aggregate::Aggregate;
-use crate::checkpoint::{decode, encode, Entry};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
+use crate::state::{OperatorState, Schema, Snapshot};
 use crate::stream::{EventStream, Update};
-use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
+use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp};
 
 /// Gap-based session windows.
 ///
@@ -21,7 +21,15 @@ use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
 /// one session, `gap + 1` apart are two), so a session is complete, and its
 /// result emitted with event time `end`, when the watermark passes `end`.
 ///
-/// Sessions take insertions only (a retraction could split a session).
+/// Sessions take retractions too. A retraction removes its record from the
+/// session that holds it, which may shrink or split in two where a gap wider
+/// than `gap` opens: its result is retracted and the pieces' results emitted
+/// (at once, for pieces already complete). For this the sessions of a stream
+/// that may carry retractions keep their records; those of an append-only
+/// stream ([`EventStream::is_append_only`], e.g. a source's records) keep only
+/// their accumulators, and a retraction on such a stream, or of a record no
+/// session holds, goes to the late output.
+///
 /// A record whose own time the watermark had passed by more than the allowed
 /// lateness goes to the late output; a later one merges into its sessions
 /// (retracting their results) as if it had come on time. A session's state is
@@ -62,7 +70,7 @@ type ResultUpdate<K, O> = Update<WindowResult<K, O>>;
 
 /// One session of one key.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct Sess<Acc, O> {
+struct Sess<Acc, O, D> {
     window: Window,
     acc: Acc,
     /// What was emitted for this session (and under which window), if anything.
@@ -70,13 +78,55 @@ struct Sess<Acc, O> {
     /// The timely time the result goes out at, while not fired.
     emit_at: Timestamp,
     fired: bool,
+    /// On a stream that may carry retractions: the session's records with
+    /// their multiplicities, from which a retraction splits it (empty on an
+    /// append-only stream).
+    records: Vec<(Timestamp, D, Diff)>,
 }
 
 /// The sessions of one key, sorted by start, and the next time a timer is set for.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct KeyState<Acc, O> {
-    sessions: Vec<Sess<Acc, O>>,
+struct KeyState<Acc, O, D> {
+    sessions: Vec<Sess<Acc, O, D>>,
     timer: Timestamp,
+}
+
+/// The operator's state: every key's sessions.
+struct Sessions<K, Acc, O, D>(StateMap<K, KeyState<Acc, O, D>>);
+
+impl<K, Acc, O, D> Default for Sessions<K, Acc, O, D> {
+    fn default() -> Self {
+        Sessions(StateMap::default())
+    }
+}
+
+impl<K, Acc, O, D> OperatorState for Sessions<K, Acc, O, D>
+where
+    K: Key,
+    Acc: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+    O: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+    D: Data,
+{
+    const SCHEMA: Schema = Schema::new("window.session", 1);
+    /// A key and its sessions.
+    type Entry = (K, KeyState<Acc, O, D>);
+    type Prepared = ();
+
+    fn snapshot(&self, (): (), out: &mut Snapshot) {
+        out.reserve(self.0.len());
+        for (k, state) in self.0.iter() {
+            out.push(route(k), &(k, state));
+        }
+    }
+}
+
+/// Whether two records are equal, by their encodings (records of windows
+/// need not be `PartialEq`; a retraction matches the record it takes back).
+fn same<D: serde::Serialize>(a: &D, b: &D) -> bool {
+    match (crate::checkpoint::encode(a), crate::checkpoint::encode(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
 }
 
 impl<D> WindowSpec<D> for Session {
@@ -113,26 +163,25 @@ where
     A: Aggregate<D>,
 {
     let key = Rc::new(key);
-    let (
-        Skeleton { builder, checkpointer, mut input, results: mut results_out, late: mut late_out, late_count },
-        windowed,
-    ) = skeleton(stream, name, &key, true);
+    let (Skeleton { builder, mut input, results: mut results_out, late: mut late_out, late_count }, windowed) =
+        skeleton::<Sessions<K, A::Acc, A::Output, D>, _, _, _, _>(stream, name, &key);
+    // On a stream that may carry retractions, sessions keep their records so
+    // that a retraction can split them.
+    let updating = !stream.is_append_only();
     let counter = late_count;
     // A session is complete once the watermark passes its (inclusive) end.
     let complete_at = |w: &Window| w.end.saturating_add(1);
 
-    builder.build(move |initial_capabilities| {
-        let mut keys: StateMap<K, KeyState<A::Acc, A::Output>> = StateMap::default();
+    builder.build(move |initial_capabilities, mut managed| {
         let mut timers: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
         let mut hold = Hold::default();
         let mut fired_upto: Timestamp = 0;
         // Recovery: each key's sessions, its timer, and the results its open sessions owe.
-        if let Some((time, entries)) = checkpointer.as_ref().and_then(|c| c.restored()) {
+        managed.restore(|Sessions(keys), time, entries| {
             fired_upto = time;
             // Sized at once: entries come in the old map's hash order (see the aligned windows).
             keys.reserve(entries.len());
-            entries.for_each(|_, bytes| {
-                let (k, state): (K, KeyState<A::Acc, A::Output>) = decode(bytes);
+            entries.for_each(|(k, state)| {
                 for session in state.sessions.iter().filter(|s| !s.fired) {
                     hold.restore(session.emit_at, &initial_capabilities);
                 }
@@ -141,17 +190,17 @@ where
                 }
                 keys.insert(k, state);
             });
-        }
+        });
         drop(initial_capabilities);
-        let mut retired: Vec<Sess<A::Acc, A::Output>> = Vec::new();
+        let mut retired: Vec<Sess<A::Acc, A::Output, D>> = Vec::new();
+        let mut pieces: Vec<Sess<A::Acc, A::Output, D>> = Vec::new();
         let mut firing: Vec<(Timestamp, ResultUpdate<K, A::Output>)> = Vec::new();
-        // The sessions while a background thread serializes them for a checkpoint.
-        let mut away = None;
 
         move |frontiers| {
-            if checkpointer.as_ref().is_some_and(|c| !c.home(&mut away, |back| keys = back)) {
+            if !managed.home() {
                 return;
             }
+            let Sessions(keys) = managed.get();
             let mut results = results_out.activate();
             let mut late = late_out.activate();
 
@@ -161,12 +210,110 @@ where
                 let mut corrections = results.session(&cap);
                 for batch in data {
                     for (record, time, diff) in batch.drain(..) {
-                        // A retraction could split a session in two; merging cannot undo that.
-                        assert!(diff > 0, "session windows take insertions only (got diff {diff})");
                         let k = key(&record);
                         let state = keys
                             .entry(k.clone())
                             .or_insert_with(|| KeyState { sessions: Vec::new(), timer: Timestamp::MAX });
+                        // Too late by its own time: then every session it could touch may be
+                        // gone. A retraction on a stream declared append-only cannot be
+                        // applied (its sessions keep no records), nor one of a record that
+                        // no session holds.
+                        let late_by_time = lateness.release_at(time.saturating_add(1)) <= arrived;
+                        let unmatched = diff < 0
+                            && (!updating
+                                || !state.sessions.iter().any(|s| {
+                                    s.records.iter().any(|(t, d, m)| *t == time && *m >= -diff && same(d, &record))
+                                }));
+                        if late_by_time || unmatched || diff == 0 {
+                            if state.sessions.is_empty() {
+                                keys.remove(&k);
+                            }
+                            if diff != 0 {
+                                late_session.give((record, time, diff));
+                                counter.add(1);
+                            }
+                            continue;
+                        }
+                        if diff < 0 {
+                            // A retraction: the session holding the record loses it, and
+                            // splits where a gap wider than `gap` opens.
+                            let i = state
+                                .sessions
+                                .iter()
+                                .position(|s| {
+                                    s.records.iter().any(|(t, d, m)| *t == time && *m >= -diff && same(d, &record))
+                                })
+                                .expect("matched above");
+                            let mut old = state.sessions.remove(i);
+                            let j = old
+                                .records
+                                .iter()
+                                .position(|(t, d, m)| *t == time && *m >= -diff && same(d, &record))
+                                .expect("matched above");
+                            old.records[j].2 += diff;
+                            if old.records[j].2 == 0 {
+                                old.records.remove(j);
+                            }
+                            if let Some((window, value)) = old.emitted.take() {
+                                corrections.give((WindowResult { window, key: k.clone(), value }, window.end, -1));
+                            }
+                            if !old.fired {
+                                hold.remove(old.emit_at);
+                            }
+                            let mut records = std::mem::take(&mut old.records);
+                            records.sort_by_key(|r| r.0);
+                            let mut rest = records.into_iter().peekable();
+                            while let Some(first) = rest.next() {
+                                let mut window = Window::new(first.0, first.0.saturating_add(gap));
+                                let mut acc = agg.init();
+                                agg.update(&mut acc, &first.1, first.2);
+                                let mut held = vec![first];
+                                while let Some(next) = rest.next_if(|r| r.0 <= window.end) {
+                                    window.end = window.end.max(next.0.saturating_add(gap));
+                                    agg.update(&mut acc, &next.1, next.2);
+                                    held.push(next);
+                                }
+                                let piece = Sess {
+                                    window,
+                                    acc,
+                                    emitted: None,
+                                    emit_at: Timestamp::MAX,
+                                    fired: complete_at(&window) <= fired_upto,
+                                    records: held,
+                                };
+                                pieces.push(piece);
+                            }
+                            for (n, mut piece) in pieces.drain(..).enumerate() {
+                                let window = piece.window;
+                                if piece.fired {
+                                    if let Some(value) = agg.output(&piece.acc) {
+                                        piece.emitted = Some((window, value.clone()));
+                                        corrections.give((
+                                            WindowResult { window, key: k.clone(), value },
+                                            window.end,
+                                            1,
+                                        ));
+                                    }
+                                } else {
+                                    piece.emit_at = window.end.max(arrived);
+                                    hold.insert(piece.emit_at, &cap);
+                                }
+                                let next = if piece.fired {
+                                    lateness.release_at(complete_at(&window))
+                                } else {
+                                    complete_at(&window)
+                                };
+                                if next < state.timer {
+                                    state.timer = next;
+                                    timers.entry(next).or_default().push(k.clone());
+                                }
+                                state.sessions.insert(i + n, piece);
+                            }
+                            if state.sessions.is_empty() {
+                                keys.remove(&k);
+                            }
+                            continue;
+                        }
                         // Sessions the record's proto-window [time, time + gap] touches.
                         let mut merged = Window::new(time, time.saturating_add(gap));
                         let first = state.sessions.partition_point(|s| s.window.end < merged.start);
@@ -176,20 +323,13 @@ where
                             merged.end = merged.end.max(state.sessions[last].window.end);
                             last += 1;
                         }
-                        // Too late by its own time: then every session it could touch may be gone.
-                        if lateness.release_at(time.saturating_add(1)) <= arrived {
-                            if state.sessions.is_empty() {
-                                keys.remove(&k);
-                            }
-                            late_session.give((record, time, diff));
-                            counter.add(1);
-                            continue;
-                        }
                         let mut acc = agg.init();
                         agg.update(&mut acc, &record, diff);
+                        let mut records = Vec::new();
                         retired.extend(state.sessions.drain(first..last));
-                        for old in retired.drain(..) {
+                        for mut old in retired.drain(..) {
                             agg.merge(&mut acc, old.acc);
+                            records.append(&mut old.records);
                             if let Some((window, value)) = old.emitted {
                                 corrections.give((WindowResult { window, key: k.clone(), value }, window.end, -1));
                             }
@@ -197,8 +337,12 @@ where
                                 hold.remove(old.emit_at);
                             }
                         }
+                        if updating {
+                            records.push((time, record, diff));
+                        }
                         let fired = complete_at(&merged) <= fired_upto;
-                        let mut session = Sess { window: merged, acc, emitted: None, emit_at: Timestamp::MAX, fired };
+                        let mut session =
+                            Sess { window: merged, acc, emitted: None, emit_at: Timestamp::MAX, fired, records };
                         if fired {
                             // Complete already: its (corrected) result goes out now.
                             if let Some(value) = agg.output(&session.acc) {
@@ -285,14 +429,7 @@ where
                 drop(due);
                 hold.settle(None);
             }
-            if let Some(c) = checkpointer.as_ref() {
-                let entries = |keys: &StateMap<K, KeyState<A::Acc, A::Output>>| -> Vec<Entry> {
-                    keys.iter().map(|(k, state)| (route(k), encode(&(k, state)))).collect()
-                };
-                if let Some(cut) = c.due(watermark) {
-                    away = Some(c.snapshot_away(cut, std::mem::take(&mut keys), entries));
-                }
-            }
+            managed.checkpoint(watermark, ());
         }
     });
 

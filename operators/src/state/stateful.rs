@@ -1,0 +1,408 @@
+//! Building a stateful operator and holding its state: the checkpoint
+//! protocol every stateful operator follows, written once.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+
+use timely::container::CapacityContainerBuilder;
+use timely::dataflow::channels::pact::{ParallelizationContract, Pipeline};
+use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
+use timely::dataflow::operators::generic::{InputHandleCore, OperatorInfo, OutputBuilder};
+use timely::dataflow::operators::Capability;
+use timely::progress::frontier::MutableAntichain;
+use timely::scheduling::Activator;
+
+use super::{OperatorState, Snapshot};
+use crate::checkpoint::{keyed_input, Away, Checkpointer, KeyPact, Restored, StateError};
+use crate::key::Data;
+use crate::stream::{EventStream, Update};
+use crate::time::Timestamp;
+
+/// An operator output of updates of `T`, as every stateful operator builds it.
+pub type OutputOf<T> = OutputBuilder<Timestamp, CapacityContainerBuilder<Vec<Update<T>>>>;
+
+/// The input handle of a stateful operator's input read through `P`.
+pub type InputOf<D, P> =
+    InputHandleCore<Timestamp, Vec<Update<D>>, <P as ParallelizationContract<Timestamp, Vec<Update<D>>>>::Puller>;
+
+/// A stateful operator being built, before its inputs are gated: builds the
+/// checkpoint gates first (they come before the operator in the dataflow),
+/// then the operator itself ([`builder`](Self::builder)).
+///
+/// # Examples
+/// Operators are usually written on the whole model,
+/// [`EventStream::process_keyed`]; this is the lower level every built-in
+/// operator uses:
+/// ```
+/// use highwater_operators::key::route;
+/// use highwater_operators::state::{OperatorState, Schema, Snapshot, Stateful};
+/// use highwater_operators::EventStream;
+/// use timely::dataflow::operators::ToStream;
+/// use timely::dataflow::operators::capture::{Capture, Extract};
+///
+/// /// A running count per key.
+/// #[derive(Default)]
+/// struct Counts(std::collections::HashMap<char, i64>);
+/// impl OperatorState for Counts {
+///     const SCHEMA: Schema = Schema::new("doc.counts", 1);
+///     type Entry = (char, i64);
+///     type Prepared = ();
+///     fn snapshot(&self, (): (), out: &mut Snapshot) {
+///         for (k, n) in &self.0 {
+///             out.push(route(k), &(k, n));
+///         }
+///     }
+/// }
+///
+/// let captured = timely::example(|scope| {
+///     let input = EventStream::new(vec![('a', 1u64, 1i64), ('b', 2, 1), ('a', 3, 1)].to_stream(scope));
+///     let stateful = Stateful::<Counts>::new("Counts");
+///     let gated = stateful.keyed_input(&input, |u: &(char, u64, i64)| route(&u.0));
+///     let mut op = stateful.builder(&input.scope());
+///     let mut input = op.input(gated);
+///     let (mut out, counts) = op.output::<(char, i64)>();
+///     op.build(move |_caps, mut state| {
+///         state.restore(|counts, _time, entries| entries.for_each(|(k, n)| {
+///             counts.0.insert(k, n);
+///         }));
+///         move |frontiers| {
+///             if !state.home() {
+///                 return;
+///             }
+///             let mut out = out.activate();
+///             input.for_each_stamp(|cap, data| {
+///                 let mut session = out.session(&cap);
+///                 for batch in data {
+///                     for (k, t, d) in batch.drain(..) {
+///                         let n = state.get().0.entry(k).or_insert(0);
+///                         *n += d;
+///                         session.give(((k, *n), t, 1));
+///                     }
+///                 }
+///             });
+///             state.checkpoint(highwater_operators::time::watermark_of(&frontiers[0]), ());
+///         }
+///     });
+///     counts.inner.capture()
+/// });
+/// let mut out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).map(|(kn, _, _)| kn).collect();
+/// out.sort();
+/// assert_eq!(out, vec![('a', 1), ('a', 2), ('b', 1)]);
+/// ```
+pub struct Stateful<S> {
+    name: String,
+    checkpointer: Option<Checkpointer>,
+    _state: PhantomData<S>,
+}
+
+impl<S> std::fmt::Debug for Stateful<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stateful")
+            .field("name", &self.name)
+            .field("checkpointed", &self.checkpointer.is_some())
+            .finish()
+    }
+}
+
+/// An input of a stateful operator, gated (if checkpointed) and with the pact
+/// the operator reads it with.
+#[derive(Debug)]
+pub struct GatedInput<'scope, D: 'static, P> {
+    stream: EventStream<'scope, D>,
+    pact: P,
+}
+
+impl<S: OperatorState> Stateful<S> {
+    /// A stateful operator named `name` (its name in logs, and with its address
+    /// in the dataflow, the name its state is checkpointed under).
+    pub fn new(name: &str) -> Self {
+        Stateful { name: name.to_owned(), checkpointer: Checkpointer::new(), _state: PhantomData }
+    }
+
+    /// Whether the job is checkpointed (a checkpoint runtime is installed).
+    pub fn is_checkpointed(&self) -> bool {
+        self.checkpointer.is_some()
+    }
+
+    /// An input exchanged by `route` (the routing hash of each update's key,
+    /// [`crate::key::route`]) and gated.
+    pub fn keyed_input<'scope, D, F>(
+        &self,
+        stream: &EventStream<'scope, D>,
+        route: F,
+    ) -> GatedInput<'scope, D, KeyPact<F>>
+    where
+        D: Data,
+        F: FnMut(&Update<D>) -> u64 + 'static,
+    {
+        let (stream, pact) = keyed_input(self.checkpointer.as_ref(), stream, route);
+        GatedInput { stream, pact }
+    }
+
+    /// An input read on the worker it is on (not exchanged), gated.
+    pub fn local_input<'scope, D: Data>(&self, stream: &EventStream<'scope, D>) -> GatedInput<'scope, D, Pipeline> {
+        let stream = self.checkpointer.as_ref().map_or_else(|| stream.clone(), |c| c.gate(stream));
+        GatedInput { stream, pact: Pipeline }
+    }
+
+    /// The operator itself, registered with the checkpoint runtime under its
+    /// state's schema: add the gated inputs and the outputs, then build it.
+    pub fn builder<'scope>(mut self, scope: &timely::dataflow::Scope<'scope, Timestamp>) -> StatefulBuilder<'scope, S> {
+        let builder = OperatorBuilder::new(self.name.clone(), *scope);
+        if let Some(c) = self.checkpointer.as_mut() {
+            c.register(&self.name, &builder.operator_info().address, scope, &S::SCHEMA, S::MIGRATES_FROM);
+        }
+        StatefulBuilder { builder, scope: *scope, checkpointer: self.checkpointer, _state: PhantomData }
+    }
+}
+
+/// A stateful operator's builder: see [`Stateful`].
+pub struct StatefulBuilder<'scope, S> {
+    builder: OperatorBuilder<'scope, Timestamp>,
+    scope: timely::dataflow::Scope<'scope, Timestamp>,
+    checkpointer: Option<Checkpointer>,
+    _state: PhantomData<S>,
+}
+
+impl<S> std::fmt::Debug for StatefulBuilder<'_, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatefulBuilder").field("checkpointer", &self.checkpointer).finish_non_exhaustive()
+    }
+}
+
+impl<'scope, S: OperatorState> StatefulBuilder<'scope, S> {
+    /// Adds an input made by [`Stateful::keyed_input`] or [`Stateful::local_input`].
+    pub fn input<D, P>(&mut self, input: GatedInput<'scope, D, P>) -> InputOf<D, P>
+    where
+        D: Data,
+        P: ParallelizationContract<Timestamp, Vec<Update<D>>>,
+    {
+        self.builder.new_input(input.stream.inner, input.pact)
+    }
+
+    /// Adds an output of updates of `T`.
+    pub fn output<T: Data>(&mut self) -> (OutputOf<T>, EventStream<'scope, T>) {
+        let (output, stream) = self.builder.new_output();
+        (OutputBuilder::from(output), EventStream::new(stream))
+    }
+
+    /// The operator's place in the dataflow.
+    pub fn info(&self) -> OperatorInfo {
+        self.builder.operator_info()
+    }
+
+    /// An activator that schedules the operator (e.g. to go on with work it
+    /// split over several activations).
+    pub fn activator(&self) -> Activator {
+        self.scope.activator_for(self.builder.operator_info().address)
+    }
+
+    /// Builds the operator: `constructor` gets the initial capabilities (one
+    /// per output) and the operator's [`Managed`] state, restores it, and
+    /// returns the logic run at each activation with the input frontiers.
+    pub fn build<B, L>(self, constructor: B)
+    where
+        B: FnOnce(Vec<Capability<Timestamp>>, Managed<S>) -> L,
+        L: FnMut(&[MutableAntichain<Timestamp>]) + 'static,
+    {
+        let checkpointer = self.checkpointer;
+        self.builder.build(move |capabilities| {
+            let managed = Managed::new(checkpointer);
+            constructor(capabilities, managed)
+        });
+    }
+}
+
+/// A stateful operator's state, with its link to the checkpoint runtime.
+///
+/// At each activation the operator first asks [`home`](Self::home) (while a
+/// background thread snapshots the state, it is away: the operator returns,
+/// and is woken up when it is back), works on [`get`](Self::get), and at the
+/// end hands the input watermark to [`checkpoint`](Self::checkpoint), which
+/// snapshots the state if a cut at or below the watermark is due.
+pub struct Managed<S> {
+    state: S,
+    checkpointer: Option<Checkpointer>,
+    away: Option<Away<S>>,
+    /// Set while the state is away (cheap test in [`Managed::home`]).
+    is_away: Cell<bool>,
+}
+
+impl<S> std::fmt::Debug for Managed<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Managed").field("checkpointer", &self.checkpointer).field("away", &self.is_away.get()).finish()
+    }
+}
+
+impl<S: OperatorState> Managed<S> {
+    fn new(checkpointer: Option<Checkpointer>) -> Self {
+        Managed { state: S::default(), checkpointer, away: None, is_away: Cell::new(false) }
+    }
+
+    /// Whether the job is checkpointed.
+    pub fn is_checkpointed(&self) -> bool {
+        self.checkpointer.is_some()
+    }
+
+    /// On recovery, calls `restore(state, time of the cut, entries)` with this
+    /// worker's entries; returns the time of the cut the job recovered from.
+    /// Entries that do not decode (or migrate) fail the job's checkpointing
+    /// with an error naming the operator and the schema; the rest are
+    /// restored.
+    pub fn restore(&mut self, restore: impl FnOnce(&mut S, Timestamp, &mut RestoredEntries<S>)) -> Option<Timestamp> {
+        let checkpointer = self.checkpointer.as_ref()?;
+        let (time, restored) = checkpointer.restored()?;
+        let mut entries = RestoredEntries { restored, error: None, _state: PhantomData };
+        restore(&mut self.state, time, &mut entries);
+        if let Some(e) = entries.error {
+            checkpointer.fail(e);
+        }
+        Some(time)
+    }
+
+    /// Reports that the state cannot be kept (e.g. a record that does not
+    /// encode): the job's checkpointing fails with `error`.
+    pub fn fail(&self, error: StateError) {
+        if let Some(c) = self.checkpointer.as_ref() {
+            c.fail(error);
+        }
+    }
+
+    /// Whether the state is here; if a snapshot of it has come back, its
+    /// entries are handed to the runtime first.
+    #[inline]
+    pub fn home(&mut self) -> bool {
+        if !self.is_away.get() {
+            return true;
+        }
+        let checkpointer = self.checkpointer.as_ref().expect("only a checkpointed state goes away");
+        let state = &mut self.state;
+        let home = checkpointer.home(&mut self.away, |back| *state = back);
+        self.is_away.set(!home);
+        home
+    }
+
+    /// The state (while it is [`home`](Self::home)).
+    #[inline]
+    pub fn get(&mut self) -> &mut S {
+        debug_assert!(!self.is_away.get(), "the state is used only while it is home");
+        &mut self.state
+    }
+
+    /// The state, read-only.
+    #[inline]
+    pub fn peek(&self) -> &S {
+        &self.state
+    }
+
+    /// The cut due now that the operator's input watermark is `watermark`,
+    /// if any (the operator has fired what the watermark completes).
+    pub fn due(&self, watermark: Timestamp) -> bool {
+        self.checkpointer.as_ref().is_some_and(|c| c.due(watermark).is_some())
+    }
+
+    /// Snapshots the state if a cut is due at `watermark` (everything the
+    /// watermark completes having been emitted), with `prepared` computed on
+    /// the worker: the state moves to a background thread until it comes
+    /// back ([`home`](Self::home)). The final cut is taken in place.
+    pub fn checkpoint(&mut self, watermark: Timestamp, prepared: S::Prepared) {
+        self.checkpoint_with(watermark, |_| prepared);
+    }
+
+    /// [`checkpoint`](Self::checkpoint), computing what the snapshot needs
+    /// from the worker's side only if a cut is due.
+    pub fn checkpoint_with(&mut self, watermark: Timestamp, prepare: impl FnOnce(&S) -> S::Prepared) {
+        let Some(c) = self.checkpointer.as_ref() else { return };
+        let Some(cut) = c.due(watermark) else { return };
+        let prepared = prepare(&self.state);
+        let taken = std::mem::take(&mut self.state);
+        let away = c.snapshot_away(cut, taken, move |state: &S| {
+            let mut out = Snapshot::new(S::SCHEMA);
+            state.snapshot(prepared, &mut out);
+            out.finish()
+        });
+        self.away = Some(away);
+        // A final cut is kept in place: bring it back at once.
+        self.is_away.set(true);
+        if matches!(self.away, Some(Away::Kept(_))) {
+            self.home();
+        }
+    }
+}
+
+/// The entries restored for an operator on this worker
+/// ([`Managed::restore`]), decoded as the state's [`OperatorState::Entry`]
+/// (or migrated from the schema version they were written under).
+pub struct RestoredEntries<S> {
+    restored: Restored,
+    error: Option<StateError>,
+    _state: PhantomData<S>,
+}
+
+impl<S> std::fmt::Debug for RestoredEntries<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RestoredEntries").field("error", &self.error).finish_non_exhaustive()
+    }
+}
+
+impl<S: OperatorState> RestoredEntries<S> {
+    /// The number of entries (of this worker).
+    pub fn len(&self) -> usize {
+        self.restored.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Reports that the restored state is unusable (found by the operator
+    /// while restoring it): the job's checkpointing fails with `error`.
+    pub fn fail(&mut self, error: StateError) {
+        self.error.get_or_insert(error);
+    }
+
+    /// Calls `each` with every entry; an entry that does not decode is
+    /// skipped and reported (the first such error fails the checkpointing).
+    pub fn for_each(&mut self, mut each: impl FnMut(S::Entry)) {
+        let version = self.restored.schema().map_or(S::SCHEMA.version, |s| s.version);
+        let error = &mut self.error;
+        let result = self.restored.try_for_each(|_route, bytes| {
+            let entry = if version == S::SCHEMA.version {
+                crate::checkpoint::decode::<S::Entry>(bytes)
+                    .map_err(|e| StateError::Decode { schema: S::SCHEMA, reason: e.to_string() })
+            } else {
+                S::migrate(version, bytes)
+            };
+            match entry {
+                Ok(entry) => each(entry),
+                Err(e) => {
+                    error.get_or_insert(e);
+                }
+            }
+        });
+        if let Err(e) = result {
+            self.error.get_or_insert(e);
+        }
+    }
+
+    /// Calls `each` with the first value of every entry (e.g. the leading
+    /// field of a tuple), decoded as a `T`: to size the state before
+    /// restoring it. Entries of another version than the operator's are
+    /// skipped (their layout is the migration's business).
+    pub fn for_each_prefix<T: serde::de::DeserializeOwned>(&mut self, mut each: impl FnMut(T)) {
+        if self.restored.schema().is_some_and(|s| s.version != S::SCHEMA.version) {
+            return;
+        }
+        let error = &mut self.error;
+        let result = self.restored.try_for_each(|_route, bytes| match crate::checkpoint::decode_prefix::<T>(bytes) {
+            Ok(value) => each(value),
+            Err(e) => {
+                error.get_or_insert(StateError::Decode { schema: S::SCHEMA, reason: e.to_string() });
+            }
+        });
+        if let Err(e) = result {
+            self.error.get_or_insert(e);
+        }
+    }
+}

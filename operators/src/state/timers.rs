@@ -1,0 +1,65 @@
+//! Event-time timers per key.
+
+use std::collections::BTreeMap;
+
+use crate::time::Timestamp;
+
+/// Event-time timers: keys waiting for the watermark to reach a time.
+///
+/// A key may be scheduled at several times, and at one time more than once;
+/// an operator that keeps one timer per key checks, when a time is due,
+/// whether the key's timer is still that time (a later schedule supersedes
+/// an earlier one without removing it here).
+///
+/// ```
+/// use highwater_operators::state::Timers;
+/// let mut timers = Timers::default();
+/// timers.schedule(20, 'a');
+/// timers.schedule(10, 'b');
+/// assert_eq!(timers.next(), Some(10));
+/// assert_eq!(timers.pop_due(15), Some((10, vec!['b'])));
+/// assert_eq!(timers.pop_due(15), None);
+/// assert_eq!(timers.pop_due(20), Some((20, vec!['a'])));
+/// ```
+#[derive(Clone, Debug)]
+pub struct Timers<K> {
+    by_time: BTreeMap<Timestamp, Vec<K>>,
+}
+
+impl<K> Default for Timers<K> {
+    fn default() -> Self {
+        Timers { by_time: BTreeMap::new() }
+    }
+}
+
+impl<K> Timers<K> {
+    /// Schedules `key` at `time`.
+    pub fn schedule(&mut self, time: Timestamp, key: K) {
+        self.by_time.entry(time).or_default().push(key);
+    }
+
+    /// The earliest scheduled time.
+    pub fn next(&self) -> Option<Timestamp> {
+        self.by_time.first_key_value().map(|(t, _)| *t)
+    }
+
+    /// The earliest time the watermark has reached (at or before
+    /// `watermark`), with its keys, taken out.
+    pub fn pop_due(&mut self, watermark: Timestamp) -> Option<(Timestamp, Vec<K>)> {
+        let entry = self.by_time.first_entry()?;
+        if *entry.key() > watermark {
+            return None;
+        }
+        Some(entry.remove_entry())
+    }
+
+    /// Whether nothing is scheduled.
+    pub fn is_empty(&self) -> bool {
+        self.by_time.is_empty()
+    }
+
+    /// Every scheduled time with its keys, earliest first.
+    pub fn iter(&self) -> impl Iterator<Item = (Timestamp, &K)> {
+        self.by_time.iter().flat_map(|(t, keys)| keys.iter().map(move |k| (*t, k)))
+    }
+}

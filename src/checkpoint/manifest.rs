@@ -13,7 +13,7 @@ use crate::source::Offset;
 pub const FORMAT_VERSION: u32 = 1;
 
 /// The first line of a manifest file, before its checksum.
-const MAGIC: &str = "highwater-checkpoint-manifest";
+pub(crate) const MAGIC: &str = "highwater-checkpoint-manifest";
 
 /// Everything a recovery needs to know about a checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -87,7 +87,7 @@ pub fn read(path: &Path, mut each: impl FnMut(&str, Vec<u8>)) -> Result<(), Chec
 }
 
 /// Checks that `chunk` is a list of (routing hash, bytes) entries, exactly.
-fn check_framing(chunk: &[u8]) -> Result<(), String> {
+pub(crate) fn check_framing(chunk: &[u8]) -> Result<(), String> {
     let word = |at: usize| -> Result<u64, String> {
         chunk
             .get(at..at + 8)

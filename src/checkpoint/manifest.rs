@@ -79,9 +79,10 @@ impl Manifest {
         serde_json::from_slice(body).map_err(|e| corrupt(format!("unreadable body: {e}")))
     }
 
-    /// Bytes of operator state over all shards.
+    /// Bytes of operator state over all shards (saturating: the sizes are
+    /// read from the file, which only its checksum vouches for).
     pub fn state_bytes(&self) -> u64 {
-        self.shards.iter().map(|s| s.files.iter().map(|f| f.size).sum::<u64>()).sum()
+        self.shards.iter().flat_map(|s| &s.files).fold(0, |sum, f| sum.saturating_add(f.size))
     }
 }
 
@@ -176,5 +177,19 @@ mod tests {
         }
         assert!(Manifest::from_bytes(&bytes[..bytes.len() / 2], "m").is_err());
         assert!(Manifest::from_bytes(b"", "m").is_err());
+    }
+
+    // Found by fuzzing (tests/fuzz/manifest): the sum overflowed.
+    #[test]
+    fn state_bytes_saturate() {
+        let mut m = manifest();
+        let file = |size| FileInfo { name: "f".into(), size, crc32: 0 };
+        m.shards = vec![
+            ShardInfo { worker: 0, entries: 0, files: vec![file(u64::MAX), file(1)] },
+            ShardInfo { worker: 1, entries: 0, files: vec![file(2)] },
+        ];
+        assert_eq!(m.state_bytes(), u64::MAX);
+        m.shards[0].files[0].size = 5;
+        assert_eq!(m.state_bytes(), 8);
     }
 }

@@ -98,20 +98,21 @@ fn drain<R: PartitionReader<Record = Click>>(
 }
 
 /// The JSON Lines source ([`JsonLines`] over a file, with [`JsonDecoder`]
-/// for [`Click`]): the file is split into blocks (partitions), each read a
-/// few records at a time, and also resumed from the offset reported after
-/// the first read. Checks that the records and dead letters, over all
-/// blocks, are exactly those of splitting the file at `\n` (a trailing
-/// `\r` dropped, empty lines skipped) and decoding each line alone; that a
-/// resumed read continues where the offset says; and that every decoded
-/// record round-trips through `serde_json`.
+/// for [`Click`]): the file is split into blocks (partitions); each block is
+/// read once, a few records, then resumed in a new reader from the offset
+/// the first reported (as recovery from a checkpoint does), to its end.
+/// Checks that the records and dead letters, over all blocks, are exactly
+/// those of splitting the file at `\n` (a trailing `\r` dropped, empty
+/// lines skipped) and decoding each line alone, so that neither the blocks
+/// nor the resumption lose or repeat a line; that offsets stay at line
+/// starts; and that every decoded record round-trips through `serde_json`.
 ///
-/// The first byte chooses the number of blocks (1 to 8), the second how many
+/// The first byte chooses the number of blocks (1 to 4), the second how many
 /// records one read takes (1 to 8); the rest is the file. Rejected if any
 /// line is a dead letter.
 pub fn json_lines(data: &[u8]) -> Outcome {
     let (blocks, max, text) = match data {
-        [b, m, rest @ ..] => (u64::from(b % 8) + 1, usize::from(m % 8) + 1, rest),
+        [b, m, rest @ ..] => (u64::from(b % 4) + 1, usize::from(m % 8) + 1, rest),
         _ => (1, 1, &[][..]),
     };
     let file = TempFile::new(text);
@@ -147,21 +148,11 @@ pub fn json_lines(data: &[u8]) -> Outcome {
     assert_eq!(partitions.len() as u64, (text.len() as u64).div_ceil(block_size));
     let (mut records, mut dead) = (Vec::new(), Vec::new());
     for index in 0..partitions.len() {
-        let mut reader = source.open(index, None).expect("opening a block");
-        let (mut block_records, mut block_dead) = (Vec::new(), Vec::new());
         // One read, then resume from its offset in a new reader.
-        drain(&mut reader, max, text, &mut block_records, &mut block_dead, Some(1));
-        let resume_at = reader.offset();
-        let mut resumed = source.open(index, Some(resume_at)).expect("reopening a block");
-        drain(&mut resumed, max, text, &mut block_records, &mut block_dead, None);
-        // And the whole block in one reader.
-        let (mut whole_records, mut whole_dead) = (Vec::new(), Vec::new());
-        let mut whole = source.open(index, None).expect("opening a block");
-        drain(&mut whole, max, text, &mut whole_records, &mut whole_dead, None);
-        assert_eq!(block_records, whole_records, "resuming block {index} at {resume_at} changed its records");
-        assert_eq!(block_dead, whole_dead, "resuming block {index} at {resume_at} changed its dead letters");
-        records.extend(whole_records);
-        dead.extend(whole_dead);
+        let mut reader = source.open(index, None).expect("opening a block");
+        drain(&mut reader, max, text, &mut records, &mut dead, Some(1));
+        let mut resumed = source.open(index, Some(reader.offset())).expect("reopening a block");
+        drain(&mut resumed, max, text, &mut records, &mut dead, None);
     }
     let expected_records: Vec<&Click> = expected.iter().filter_map(|(_, r)| r.as_ref().ok()).collect();
     let expected_dead: Vec<&DeadLetter> = expected.iter().filter_map(|(_, r)| r.as_ref().err()).collect();

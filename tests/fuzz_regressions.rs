@@ -190,9 +190,11 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         date_time: 1_704_067_203_456,
         extra: "é".into(),
     };
-    for (name, event) in
-        [("person", Event::Person(Box::new(person))), ("auction", Event::Auction(Box::new(auction))), ("bid", Event::Bid(bid))]
-    {
+    for (name, event) in [
+        ("person", Event::Person(Box::new(person))),
+        ("auction", Event::Auction(Box::new(auction))),
+        ("bid", Event::Bid(bid)),
+    ] {
         let mut line = Vec::new();
         write_event(&mut line, &event).expect("writing to a Vec");
         add("nexmark", name, line);
@@ -248,29 +250,17 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             })
             .collect(),
     };
-    let row: Vec<TupleValue<'_>> = [
-        &b"42"[..],
-        b"ann",
-        b"1999-12-31",
-        b"2024-02-29 13:14:15.5",
-        b"0044-03-15 12:00:00+05:30 BC",
-        b"24:00:00",
-    ]
-    .into_iter()
-    .map(TupleValue::Text)
-    .collect();
-    let other: Vec<TupleValue<'_>> = [
-        &b"\\xDEADbeef"[..],
-        b"A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11",
-        b"t",
-        b"-1.5e+20",
-        b"12.50",
-        b"{\"a\": [1]}",
-    ]
-    .into_iter()
-    .map(TupleValue::Text)
-    .chain([TupleValue::Null, TupleValue::Unchanged, TupleValue::Binary(b"\x00\x01")])
-    .collect();
+    let row: Vec<TupleValue<'_>> =
+        [&b"42"[..], b"ann", b"1999-12-31", b"2024-02-29 13:14:15.5", b"0044-03-15 12:00:00+05:30 BC", b"24:00:00"]
+            .into_iter()
+            .map(TupleValue::Text)
+            .collect();
+    let other: Vec<TupleValue<'_>> =
+        [&b"\\xDEADbeef"[..], b"A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11", b"t", b"-1.5e+20", b"12.50", b"{\"a\": [1]}"]
+            .into_iter()
+            .map(TupleValue::Text)
+            .chain([TupleValue::Null, TupleValue::Unchanged, TupleValue::Binary(b"\x00\x01")])
+            .collect();
     let messages = [
         ("begin", Message::Begin(Begin { final_lsn: 0x0100_0000, commit_time: 757_382_400_000_000, xid: 42 })),
         ("commit", Message::Commit(Commit { flags: 0, commit_lsn: 0x100, end_lsn: 0x140, commit_time: 9 })),

@@ -199,7 +199,9 @@ impl Expr {
         match self {
             Expr::Lit(_) | Expr::Field(..) | Expr::Count(_) => 1,
             Expr::Neg(e) | Expr::Not(e) | Expr::IsNull { expr: e, .. } => 1 + e.depth(),
-            Expr::Arith(_, a, b) | Expr::Cmp(_, a, b) | Expr::And(a, b) | Expr::Or(a, b) => 1 + a.depth().max(b.depth()),
+            Expr::Arith(_, a, b) | Expr::Cmp(_, a, b) | Expr::And(a, b) | Expr::Or(a, b) => {
+                1 + a.depth().max(b.depth())
+            }
             Expr::In { expr, list, .. } => 1 + list.iter().map(Expr::depth).fold(expr.depth(), usize::max),
         }
     }

@@ -421,7 +421,11 @@ impl Parser {
 
     /// Parses `inner` one nesting level deeper (after `(`, `NOT` or unary `-`
     /// at `at`), at most [`MAX_NESTING`] deep.
-    fn nested(&mut self, at: Position, inner: impl FnOnce(&mut Self) -> Result<Expr, CepError>) -> Result<Expr, CepError> {
+    fn nested(
+        &mut self,
+        at: Position,
+        inner: impl FnOnce(&mut Self) -> Result<Expr, CepError>,
+    ) -> Result<Expr, CepError> {
         if self.nesting >= MAX_NESTING {
             return Err(CepError::invalid(
                 at,

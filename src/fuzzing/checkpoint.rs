@@ -14,8 +14,8 @@ use crate::operators::checkpoint::{Entry, Restored};
 /// body of a file with a valid header (so that the JSON body is reached
 /// past the checksum). Checks that an accepted manifest writes back
 /// ([`Manifest::to_bytes`]) to a file that reads as the same manifest, that
-/// reading agrees with `serde_json` on the body, and that the summaries a
-/// listing prints can be computed. Accepted if either reading is.
+/// reading agrees with `serde_json` on the body, and that the state size a
+/// listing prints is the sum of the file sizes (or saturates). Accepted if either reading is.
 pub fn manifest(data: &[u8]) -> Outcome {
     let as_given = Manifest::from_bytes(data, "fuzz input");
     let mut framed = format!("{MAGIC} v{FORMAT_VERSION} crc32={:08x}\n", crc32fast::hash(data)).into_bytes();
@@ -32,7 +32,11 @@ pub fn manifest(data: &[u8]) -> Outcome {
             Ok(back) => assert_eq!(&back, manifest, "a manifest does not round-trip"),
             Err(e) => panic!("a manifest written back does not read: {e}"),
         }
-        let _ = (manifest.is_final(), manifest.state_bytes());
+        let _ = manifest.is_final();
+        let total = manifest.state_bytes();
+        let files = || manifest.shards.iter().flat_map(|s| &s.files);
+        assert!(files().all(|f| f.size <= total), "state_bytes {total} is less than a file's size");
+        assert!(files().map(|f| f.size).try_fold(0u64, u64::checked_add).is_none_or(|sum| sum == total));
     }
     if as_given.is_ok() {
         Outcome::Accepted

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Outcome;
 use crate::cdc::debezium::DebeziumDecoder;
-use crate::cdc::{Change, Op};
+use crate::cdc::{Change, Op, Value};
 use crate::dead_letter::DeadLetter;
 use crate::nexmark::{write_event, Event, NexmarkDecoder};
 use crate::source::{Decode, JsonDecoder, JsonLines, PartitionReader, ReadStatus, Source};
@@ -237,6 +237,13 @@ fn check_change(change: &Change) {
         let _ = row.to_json().to_string();
         for (_, value) in &row.columns {
             let _ = value.to_string();
+            if let Value::Numeric(n) = value {
+                // Decimals are written out from their unscaled integer.
+                let digits = n.strip_prefix('-').unwrap_or(n);
+                let (int, frac) = digits.split_once('.').unwrap_or((digits, "0"));
+                let plain = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+                assert!(plain(int) && plain(frac), "decimal {n:?}");
+            }
         }
     }
     let upserts = change.upserts(|r| r.project(&["id"]));

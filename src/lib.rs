@@ -16,6 +16,8 @@ pub mod checkpoint;
 pub mod cli;
 pub mod cluster;
 pub mod dead_letter;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod nexmark;
 pub mod sink;
 pub mod source;

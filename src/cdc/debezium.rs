@@ -176,17 +176,20 @@ fn typed(json: &Json, field: &Json) -> Result<Value, DecodeError> {
         (_, "io.debezium.data.Uuid") => Value::Uuid(string()?.to_owned()),
         (_, "io.debezium.data.Json") => Value::Json(string()?.to_owned()),
         (_, "org.apache.kafka.connect.data.Decimal") => {
-            let scale = field
-                .get("parameters")
-                .and_then(|p| p.get("scale"))
-                .and_then(|s| s.as_str().and_then(|s| s.parse().ok()).or_else(|| s.as_u64().map(|s| s as u32)))
-                .unwrap_or(0);
+            let scale = match field.get("parameters").and_then(|p| p.get("scale")) {
+                None => 0,
+                Some(s) => s
+                    .as_str()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .or_else(|| s.as_u64())
+                    .ok_or_else(|| err(format!("decimal scale {s} is not a whole number")))?,
+            };
             Value::Numeric(decimal(&base64_bytes(string()?)?, scale)?)
         }
         (_, "io.debezium.data.VariableScaleDecimal") => {
             let scale = json.get("scale").and_then(Json::as_u64).ok_or_else(|| err("missing `scale`"))?;
             let value = json.get("value").and_then(Json::as_str).ok_or_else(|| err("missing `value`"))?;
-            Value::Numeric(decimal(&base64_bytes(value)?, scale as u32)?)
+            Value::Numeric(decimal(&base64_bytes(value)?, scale)?)
         }
         ("int8" | "int16" | "int32" | "int64", _) => Value::Int(int()?),
         ("float" | "float32" | "float64" | "double", _) => {
@@ -204,7 +207,7 @@ fn base64_bytes(text: &str) -> Result<Vec<u8>, DecodeError> {
 }
 
 /// A big-endian two's-complement unscaled integer with `scale` decimal digits, as text.
-fn decimal(bytes: &[u8], scale: u32) -> Result<String, DecodeError> {
+fn decimal(bytes: &[u8], scale: u64) -> Result<String, DecodeError> {
     if scale > 1_000 {
         return Err(err(format!("decimal scale {scale} is out of range (at most 1000)")));
     }
@@ -258,6 +261,32 @@ mod tests {
         assert_eq!(decimal(&[0x07], 0).unwrap(), "7");
         assert_eq!(decimal(&[], 0).unwrap(), "0");
         assert!(decimal(&[1], 4_000_000_000).unwrap_err().0.contains("out of range"));
+        // A scale past u32 was truncated (2^32 + 2 read as 2), one that did not parse read as 0.
+        assert!(decimal(&[1], (1 << 32) + 2).unwrap_err().0.contains("out of range"));
+    }
+
+    #[test]
+    fn decimal_scales_that_are_not_whole_numbers_are_errors() {
+        let d = DebeziumDecoder::new(["id"]);
+        let event = |parameters: &str, value: &str| {
+            format!(
+                r#"{{"schema":{{"fields":[{{"field":"after","fields":[{{"field":"n","type":"bytes",
+                "name":"org.apache.kafka.connect.data.Decimal"{parameters}}}]}}]}},
+                "payload":{{"op":"c","after":{{"id":1,"n":{value}}},"source":{{"ts_ms":1}}}}}}"#
+            )
+        };
+        let n = |parameters: &str, value: &str| {
+            d.decode(event(parameters, value).as_bytes()).map(|c| c.after.unwrap().get("n").cloned().unwrap())
+        };
+        assert_eq!(n(r#","parameters":{"scale":"2"}"#, r#""BNI=""#), Ok(Value::Numeric("12.34".into())));
+        assert_eq!(n(r#","parameters":{"scale":2}"#, r#""BNI=""#), Ok(Value::Numeric("12.34".into())));
+        assert_eq!(n("", r#""BNI=""#), Ok(Value::Numeric("1234".into())));
+        assert!(n(r#","parameters":{"scale":"two"}"#, r#""BNI=""#).unwrap_err().0.contains("not a whole number"));
+        assert!(n(r#","parameters":{"scale":4294967298}"#, r#""BNI=""#).unwrap_err().0.contains("out of range"));
+        let variable = |scale: &str| {
+            n(r#","name":"io.debezium.data.VariableScaleDecimal""#, &format!(r#"{{"scale":{scale},"value":"BNI="}}"#))
+        };
+        assert!(variable("4294967298").unwrap_err().0.contains("out of range"));
     }
 
     #[test]

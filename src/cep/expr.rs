@@ -194,6 +194,18 @@ impl Expr {
         }
     }
 
+    /// The depth of the expression tree: 1 for a literal, a field or a count.
+    pub(crate) fn depth(&self) -> usize {
+        match self {
+            Expr::Lit(_) | Expr::Field(..) | Expr::Count(_) => 1,
+            Expr::Neg(e) | Expr::Not(e) | Expr::IsNull { expr: e, .. } => 1 + e.depth(),
+            Expr::Arith(_, a, b) | Expr::Cmp(_, a, b) | Expr::And(a, b) | Expr::Or(a, b) => {
+                1 + a.depth().max(b.depth())
+            }
+            Expr::In { expr, list, .. } => 1 + list.iter().map(Expr::depth).fold(expr.depth(), usize::max),
+        }
+    }
+
     /// What the expression is, for error messages.
     pub(crate) fn describe(&self) -> &'static str {
         match self {

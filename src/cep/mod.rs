@@ -125,9 +125,9 @@
 //! ```
 
 mod event;
-mod expr;
+pub(crate) mod expr;
 mod lexer;
-mod parser;
+pub(crate) mod parser;
 
 use std::sync::Arc;
 

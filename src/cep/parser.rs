@@ -68,18 +68,27 @@ pub(crate) struct Program {
     pub(crate) defines: Vec<Define>,
 }
 
+/// How deeply parentheses, `NOT` and unary `-` may nest in a condition: the
+/// parser recurses on each, and a text must not be able to overflow its stack.
+pub(crate) const MAX_NESTING: usize = 64;
+
+/// The deepest expression tree a condition may make (a chain such as
+/// `a OR b OR c` is as deep as it is long): conditions are evaluated, cloned
+/// and dropped recursively, on the workers' stacks.
+pub(crate) const MAX_DEPTH: usize = 1_000;
+
 /// Words that cannot be bare field names in conditions (quote them: `"in"`).
 const RESERVED: [&str; 9] = ["AND", "OR", "NOT", "IN", "IS", "TRUE", "FALSE", "NULL", "PREV"];
 
 /// Parses a whole pattern text.
 pub(crate) fn parse(text: &str) -> Result<Program, CepError> {
-    let mut p = Parser { toks: tokenize(text)?, pos: 0, refs: Vec::new() };
+    let mut p = Parser { toks: tokenize(text)?, pos: 0, refs: Vec::new(), nesting: 0 };
     p.program()
 }
 
 /// Parses a field path alone (`user.id`, `items[0]`).
 pub(crate) fn parse_path(text: &str) -> Result<FieldPath, CepError> {
-    let mut p = Parser { toks: tokenize(text)?, pos: 0, refs: Vec::new() };
+    let mut p = Parser { toks: tokenize(text)?, pos: 0, refs: Vec::new(), nesting: 0 };
     let (first, _) = p.name("a field name")?;
     let path = p.path_tail(vec![Segment::Key(first)])?;
     if p.peek().tok != Tok::End {
@@ -93,6 +102,8 @@ struct Parser {
     pos: usize,
     /// Step references met in the condition being parsed.
     refs: Vec<(String, Position)>,
+    /// Parentheses, `NOT`s and unary `-`s open around the next token.
+    nesting: usize,
 }
 
 impl Parser {
@@ -408,6 +419,38 @@ impl Parser {
         }
     }
 
+    /// Parses `inner` one nesting level deeper (after `(`, `NOT` or unary `-`
+    /// at `at`), at most [`MAX_NESTING`] deep.
+    fn nested(
+        &mut self,
+        at: Position,
+        inner: impl FnOnce(&mut Self) -> Result<Expr, CepError>,
+    ) -> Result<Expr, CepError> {
+        if self.nesting >= MAX_NESTING {
+            return Err(CepError::invalid(
+                at,
+                format!("the condition nests more than {MAX_NESTING} parentheses, NOTs and minus signs"),
+            ));
+        }
+        self.nesting += 1;
+        let e = inner(self);
+        self.nesting -= 1;
+        e
+    }
+
+    /// `e`, a new node of an expression at `at`, if its tree is at most [`MAX_DEPTH`] deep.
+    fn node(&self, e: Expr, at: Position) -> Result<Expr, CepError> {
+        if e.depth() > MAX_DEPTH {
+            return Err(CepError::invalid(
+                at,
+                format!(
+                    "the condition is more than {MAX_DEPTH} operations deep (a list of alternatives is shorter with IN)"
+                ),
+            ));
+        }
+        Ok(e)
+    }
+
     /// Checks that an operand of AND, OR or NOT is a condition.
     fn condition(&self, e: Expr, at: Position, op: &str) -> Result<Expr, CepError> {
         if e.is_condition() {
@@ -425,7 +468,7 @@ impl Parser {
             let right_at = self.at();
             let right = self.and()?;
             let right = self.condition(right, right_at, "OR")?;
-            left = Expr::Or(Box::new(left), Box::new(right));
+            left = self.node(Expr::Or(Box::new(left), Box::new(right)), at)?;
         }
         Ok(left)
     }
@@ -438,16 +481,18 @@ impl Parser {
             let right_at = self.at();
             let right = self.not()?;
             let right = self.condition(right, right_at, "AND")?;
-            left = Expr::And(Box::new(left), Box::new(right));
+            left = self.node(Expr::And(Box::new(left), Box::new(right)), at)?;
         }
         Ok(left)
     }
 
     fn not(&mut self) -> Result<Expr, CepError> {
+        let not_at = self.at();
         if self.eat_kw("NOT") {
             let at = self.at();
-            let e = self.not()?;
-            return Ok(Expr::Not(Box::new(self.condition(e, at, "NOT")?)));
+            let e = self.nested(not_at, Self::not)?;
+            let e = Expr::Not(Box::new(self.condition(e, at, "NOT")?));
+            return self.node(e, not_at);
         }
         self.predicate()
     }
@@ -465,6 +510,7 @@ impl Parser {
     }
 
     fn predicate(&mut self) -> Result<Expr, CepError> {
+        let at = self.at();
         let left = self.sum()?;
         if let Some(op) = self.cmp_op() {
             self.bump();
@@ -475,7 +521,7 @@ impl Parser {
                     format!("comparisons cannot be chained: join them with AND (found {})", self.peek().tok.describe()),
                 ));
             }
-            return Ok(Expr::Cmp(op, Box::new(left), Box::new(right)));
+            return self.node(Expr::Cmp(op, Box::new(left), Box::new(right)), at);
         }
         let not_in = self.is_kw("NOT") && matches!(self.peek_at(1), Tok::Ident(s) if s.eq_ignore_ascii_case("IN"));
         if not_in || self.is_kw("IN") {
@@ -489,17 +535,18 @@ impl Parser {
                 list.push(self.sum()?);
             }
             self.expect_punct(")")?;
-            return Ok(Expr::In { expr: Box::new(left), list, negated: not_in });
+            return self.node(Expr::In { expr: Box::new(left), list, negated: not_in }, at);
         }
         if self.eat_kw("IS") {
             let negated = self.eat_kw("NOT");
             self.expect_kw("NULL")?;
-            return Ok(Expr::IsNull { expr: Box::new(left), negated });
+            return self.node(Expr::IsNull { expr: Box::new(left), negated }, at);
         }
         Ok(left)
     }
 
     fn sum(&mut self) -> Result<Expr, CepError> {
+        let at = self.at();
         let mut left = self.product()?;
         loop {
             let op = match self.peek().tok {
@@ -508,11 +555,13 @@ impl Parser {
                 _ => return Ok(left),
             };
             self.bump();
-            left = Expr::Arith(op, Box::new(left), Box::new(self.product()?));
+            let right = self.product()?;
+            left = self.node(Expr::Arith(op, Box::new(left), Box::new(right)), at)?;
         }
     }
 
     fn product(&mut self) -> Result<Expr, CepError> {
+        let at = self.at();
         let mut left = self.unary()?;
         loop {
             let op = match self.peek().tok {
@@ -522,16 +571,18 @@ impl Parser {
                 _ => return Ok(left),
             };
             self.bump();
-            left = Expr::Arith(op, Box::new(left), Box::new(self.unary()?));
+            let right = self.unary()?;
+            left = self.node(Expr::Arith(op, Box::new(left), Box::new(right)), at)?;
         }
     }
 
     fn unary(&mut self) -> Result<Expr, CepError> {
+        let at = self.at();
         if self.eat_punct("-") {
-            return Ok(match self.unary()? {
-                Expr::Lit(Value::Number(n)) => Expr::Lit(negate(&n)),
-                e => Expr::Neg(Box::new(e)),
-            });
+            return match self.nested(at, Self::unary)? {
+                Expr::Lit(Value::Number(n)) => Ok(Expr::Lit(negate(&n))),
+                e => self.node(Expr::Neg(Box::new(e)), at),
+            };
         }
         self.primary()
     }
@@ -555,7 +606,7 @@ impl Parser {
             }
             Tok::Punct("(") => {
                 self.bump();
-                let e = self.expr()?;
+                let e = self.nested(token.at, Self::expr)?;
                 self.expect_punct(")")?;
                 Ok(e)
             }
@@ -627,5 +678,43 @@ fn negate(n: &serde_json::Number) -> Value {
         Value::from(-i)
     } else {
         n.as_f64().and_then(|f| serde_json::Number::from_f64(-f)).map_or(Value::Null, Value::Number)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn condition(text: &str) -> Result<Program, CepError> {
+        parse(&format!("PATTERN (a) DEFINE a AS {text}"))
+    }
+
+    // Found by fuzzing (tests/fuzz/cep): deep nesting overflowed the parser's
+    // stack, long chains the stacks that evaluate and drop conditions.
+    #[test]
+    fn nesting_is_bounded() {
+        let parens = |n: usize| format!("{}x{}", "(".repeat(n), ")".repeat(n));
+        assert!(condition(&parens(MAX_NESTING)).is_ok());
+        let err = condition(&parens(MAX_NESTING + 1)).unwrap_err().to_string();
+        assert!(err.contains("nests more than 64"), "{err}");
+        assert!(condition(&format!("{}x", "NOT ".repeat(MAX_NESTING))).is_ok());
+        assert!(condition(&format!("{}x", "NOT ".repeat(MAX_NESTING + 1))).is_err());
+        assert!(condition(&format!("{}1 = x", "- ".repeat(MAX_NESTING + 1))).is_err());
+        // Unclosed, and far too deep for the stack without the bound.
+        assert!(condition(&"(".repeat(100_000)).unwrap_err().to_string().contains("nests more than"));
+    }
+
+    #[test]
+    fn depth_is_bounded() {
+        let chain = |n: usize, op: &str| vec!["x = 1"; n].join(op);
+        assert!(condition(&chain(MAX_DEPTH - 1, " OR ")).is_ok());
+        let err = condition(&chain(MAX_DEPTH + 1, " OR ")).unwrap_err().to_string();
+        assert!(err.contains("more than 1000 operations deep"), "{err}");
+        assert!(condition(&chain(100_000, " AND ")).is_err());
+        assert!(condition(&format!("{} = 1", vec!["x"; 100_000].join(" + "))).is_err());
+        assert!(condition(&format!("{} = 1", vec!["x"; MAX_DEPTH - 1].join(" * "))).is_ok());
+        // A wide IN list is shallow.
+        let list = (0..10_000).map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+        assert!(condition(&format!("x IN ({list})")).is_ok());
     }
 }

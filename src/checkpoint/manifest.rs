@@ -16,7 +16,7 @@ use crate::source::Offset;
 pub const FORMAT_VERSION: u32 = 2;
 
 /// The first line of a manifest file, before its checksum.
-const MAGIC: &str = "highwater-checkpoint-manifest";
+pub(crate) const MAGIC: &str = "highwater-checkpoint-manifest";
 
 /// Everything a recovery needs to know about a checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,7 +40,9 @@ pub struct Manifest {
     pub shards: Vec<ShardInfo>,
     /// Sink output pre-committed at this cut, made visible once this manifest exists.
     pub sinks: Vec<SinkPart>,
-    /// The schema of every checkpointed operator's state, by operator name.
+    /// The schema of every checkpointed operator's state, by operator name
+    /// (none listed: the schemas are not known, and not checked).
+    #[serde(default)]
     pub schemas: BTreeMap<String, Schema>,
 }
 
@@ -84,9 +86,10 @@ impl Manifest {
         serde_json::from_slice(body).map_err(|e| corrupt(format!("unreadable body: {e}")))
     }
 
-    /// Bytes of operator state over all shards.
+    /// Bytes of operator state over all shards (saturating: the sizes are
+    /// read from the file, which only its checksum vouches for).
     pub fn state_bytes(&self) -> u64 {
-        self.shards.iter().map(|s| s.files.iter().map(|f| f.size).sum::<u64>()).sum()
+        self.shards.iter().flat_map(|s| &s.files).fold(0, |sum, f| sum.saturating_add(f.size))
     }
 }
 
@@ -182,5 +185,19 @@ mod tests {
         }
         assert!(Manifest::from_bytes(&bytes[..bytes.len() / 2], "m").is_err());
         assert!(Manifest::from_bytes(b"", "m").is_err());
+    }
+
+    // Found by fuzzing (tests/fuzz/manifest): the sum overflowed.
+    #[test]
+    fn state_bytes_saturate() {
+        let mut m = manifest();
+        let file = |size| FileInfo { name: "f".into(), size, crc32: 0 };
+        m.shards = vec![
+            ShardInfo { worker: 0, entries: 0, files: vec![file(u64::MAX), file(1)] },
+            ShardInfo { worker: 1, entries: 0, files: vec![file(2)] },
+        ];
+        assert_eq!(m.state_bytes(), u64::MAX);
+        m.shards[0].files[0].size = 5;
+        assert_eq!(m.state_bytes(), 8);
     }
 }

@@ -110,7 +110,7 @@ pub(super) fn run(args: CheckpointsArgs) -> anyhow::Result<()> {
                 }
             }
             for shard in &m.shards {
-                let bytes: u64 = shard.files.iter().map(|f| f.size).sum();
+                let bytes = shard.files.iter().fold(0u64, |sum, f| sum.saturating_add(f.size));
                 println!("shard of worker {}: {} entries, {} bytes", shard.worker, shard.entries, bytes);
                 for f in &shard.files {
                     println!("  {:<24} {:>12} bytes  crc32 {:08x}", f.name, f.size, f.crc32);

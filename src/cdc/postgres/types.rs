@@ -175,13 +175,17 @@ fn digits<T: std::str::FromStr>(text: &str) -> Option<T> {
     text.parse().ok()
 }
 
+/// The last year PostgreSQL's dates reach (timestamps end earlier).
+const MAX_YEAR: i64 = 5_874_897;
+
 /// `YYYY-MM-DD` (the year may be longer), with `bc`: days since 1970-01-01.
 fn parse_ymd(text: &str, bc: bool) -> Option<i64> {
     let mut parts = text.splitn(3, '-');
     let year: i64 = digits(parts.next()?)?;
     let month: u32 = digits(parts.next()?)?;
     let day: u32 = digits(parts.next()?)?;
-    if year == 0 || !(1..=12).contains(&month) {
+    // Past PostgreSQL's range the day count would overflow.
+    if year == 0 || year > MAX_YEAR || !(1..=12).contains(&month) {
         return None;
     }
     let year = if bc { 1 - year } else { year };
@@ -216,7 +220,7 @@ fn parse_time(text: &str) -> Option<i64> {
     let seconds = parts.next()?;
     let (whole, fraction) = seconds.split_once('.').unwrap_or((seconds, ""));
     let whole: i64 = digits(whole)?;
-    if minutes > 59 || whole > 59 || fraction.len() > 6 || !fraction.bytes().all(|b| b.is_ascii_digit()) {
+    if hours > 24 || minutes > 59 || whole > 59 || fraction.len() > 6 || !fraction.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     let micros =
@@ -232,13 +236,13 @@ fn parse_offset(text: &str) -> Option<i64> {
         b'-' => (-1, &text[1..]),
         _ => return None,
     };
-    let mut seconds = 0;
+    let mut seconds: i64 = 0;
     for (i, part) in rest.split(':').enumerate() {
         let n: i64 = digits(part)?;
         if i > 2 || (i > 0 && n > 59) {
             return None;
         }
-        seconds += n * [3600, 60, 1][i];
+        seconds = seconds.checked_add(n.checked_mul([3600, 60, 1][i])?)?;
     }
     Some(sign * seconds)
 }
@@ -328,6 +332,13 @@ mod tests {
         });
         assert!(PgType::TimestampTz.parse("1970-01-01 00:00:00").is_err());
         assert!(PgType::Timestamp.parse("1970-01-01T00:00:00").is_err());
+        // Found by fuzzing (tests/fuzz/pgoutput): these overflowed instead of failing.
+        assert!(PgType::Time.parse("99999999999999:00:00").is_err());
+        assert!(PgType::Time.parse("25:00:00").is_err());
+        assert!(PgType::TimestampTz.parse("2000-01-01 00:00:00+9999999999999999").is_err());
+        assert!(PgType::Date.parse("999999999999999999-01-01").is_err());
+        assert!(PgType::Timestamp.parse("999999999999999999-01-01 00:00:00 BC").is_err());
+        assert_eq!(ok(PgType::Date, "5874897-12-31"), Value::Date(2_145_042_905));
     }
 
     #[test]

@@ -80,8 +80,10 @@ struct Sess<Acc, O, D> {
     fired: bool,
     /// On a stream that may carry retractions: the session's records with
     /// their multiplicities, from which a retraction splits it (empty on an
-    /// append-only stream).
-    records: Vec<(Timestamp, D, Diff)>,
+    /// append-only stream). Boxed, so that a session of an append-only
+    /// stream is no larger for it.
+    #[allow(clippy::box_collection)] // one pointer, not a Vec's three words, in every session
+    records: Option<Box<Vec<(Timestamp, D, Diff)>>>,
 }
 
 /// The sessions of one key, sorted by start, and the next time a timer is set for.
@@ -222,7 +224,10 @@ where
                         let unmatched = diff < 0
                             && (!updating
                                 || !state.sessions.iter().any(|s| {
-                                    s.records.iter().any(|(t, d, m)| *t == time && *m >= -diff && same(d, &record))
+                                    s.records
+                                        .iter()
+                                        .flat_map(|r| r.iter())
+                                        .any(|(t, d, m)| *t == time && *m >= -diff && same(d, &record))
                                 }));
                         if late_by_time || unmatched || diff == 0 {
                             if state.sessions.is_empty() {
@@ -241,18 +246,21 @@ where
                                 .sessions
                                 .iter()
                                 .position(|s| {
-                                    s.records.iter().any(|(t, d, m)| *t == time && *m >= -diff && same(d, &record))
+                                    s.records
+                                        .iter()
+                                        .flat_map(|r| r.iter())
+                                        .any(|(t, d, m)| *t == time && *m >= -diff && same(d, &record))
                                 })
                                 .expect("matched above");
                             let mut old = state.sessions.remove(i);
-                            let j = old
-                                .records
+                            let held = old.records.as_mut().expect("matched above");
+                            let j = held
                                 .iter()
                                 .position(|(t, d, m)| *t == time && *m >= -diff && same(d, &record))
                                 .expect("matched above");
-                            old.records[j].2 += diff;
-                            if old.records[j].2 == 0 {
-                                old.records.remove(j);
+                            held[j].2 += diff;
+                            if held[j].2 == 0 {
+                                held.remove(j);
                             }
                             if let Some((window, value)) = old.emitted.take() {
                                 corrections.give((WindowResult { window, key: k.clone(), value }, window.end, -1));
@@ -260,7 +268,7 @@ where
                             if !old.fired {
                                 hold.remove(old.emit_at);
                             }
-                            let mut records = std::mem::take(&mut old.records);
+                            let mut records = old.records.take().map(|held| *held).unwrap_or_default();
                             records.sort_by_key(|r| r.0);
                             let mut rest = records.into_iter().peekable();
                             while let Some(first) = rest.next() {
@@ -279,7 +287,7 @@ where
                                     emitted: None,
                                     emit_at: Timestamp::MAX,
                                     fired: complete_at(&window) <= fired_upto,
-                                    records: held,
+                                    records: Some(Box::new(held)),
                                 };
                                 pieces.push(piece);
                             }
@@ -329,7 +337,9 @@ where
                         retired.extend(state.sessions.drain(first..last));
                         for mut old in retired.drain(..) {
                             agg.merge(&mut acc, old.acc);
-                            records.append(&mut old.records);
+                            if let Some(mut held) = old.records.take() {
+                                records.append(&mut held);
+                            }
                             if let Some((window, value)) = old.emitted {
                                 corrections.give((WindowResult { window, key: k.clone(), value }, window.end, -1));
                             }
@@ -341,6 +351,7 @@ where
                             records.push((time, record, diff));
                         }
                         let fired = complete_at(&merged) <= fired_upto;
+                        let records = (!records.is_empty()).then(|| Box::new(records));
                         let mut session =
                             Sess { window: merged, acc, emitted: None, emit_at: Timestamp::MAX, fired, records };
                         if fired {

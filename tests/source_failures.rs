@@ -4,10 +4,14 @@
 //! from the last good checkpoint to the same committed output as a run that
 //! never failed.
 
+#[path = "common/crash.rs"]
+mod crash;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crash::Scratch;
 use highwater::checkpoint::{latest_usable, CheckpointConfig, Checkpoints, LocalStore};
 use highwater::prelude::*;
 use highwater::sink::{write_parts, PartFormat};
@@ -23,24 +27,6 @@ struct Rec {
 
 const LINES: u64 = 140_000;
 
-/// A scratch directory, removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("highwater-source-failures-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// About 8 MB of JSON Lines: `LINES` records of 20 keys, event times 0, 10, 20, …
 fn write_input(path: &Path) -> Vec<u8> {
     let mut text = String::new();
@@ -53,7 +39,7 @@ fn write_input(path: &Path) -> Vec<u8> {
 
 #[test]
 fn a_file_truncated_while_read_is_an_error_not_its_end() {
-    let scratch = Scratch::new("reader");
+    let scratch = Scratch::new("source-failures", "reader");
     let path = scratch.0.join("in.jsonl");
     let bytes = write_input(&path);
     let source = JsonLines::files_with_block_size(&[&path], JsonDecoder::<Rec>::new(), 1 << 40).unwrap();
@@ -150,7 +136,7 @@ fn committed(out: &Path) -> Vec<String> {
 
 #[test]
 fn a_job_whose_input_is_truncated_fails_without_committing_and_recovers() {
-    let scratch = Scratch::new("job");
+    let scratch = Scratch::new("source-failures", "job");
     let input = scratch.0.join("in.jsonl");
     let bytes = write_input(&input);
     let block = 2 << 20;

@@ -216,11 +216,11 @@ fn state_job(keys: u64, dir: &Path, finish: bool) {
     config.recover = true;
     let checkpoints = Checkpoints::open(config, 2).expect("opening the checkpoints");
     let ck = checkpoints.clone();
-    timely::execute(timely::Config::process(2), move |worker| {
-        let attached = ck.attach(worker.index());
+    let mut timely_config = timely::Config::process(2);
+    checkpoints.configure(&mut timely_config);
+    timely::execute(timely_config, move |worker| {
         worker.dataflow::<Timestamp, _, _>(|scope| {
             let options = SourceOptions {
-                checkpoints: Some(ck.clone()),
                 idle_timeout: None,
                 watermark: WatermarkStrategy::bounded(4_000),
                 ..Default::default()
@@ -233,8 +233,7 @@ fn state_job(keys: u64, dir: &Path, finish: bool) {
             let lines = counts.results.map(|r| format!("{},{}", r.key, r.value));
             write_lines(&lines, None, LineTarget::Stdout, SinkMode::Append);
         });
-        drop(attached);
-        ck.built(worker.index()).expect("checkpointable");
+        ck.built(worker).expect("checkpointable");
     })
     .expect("starting the workers");
     checkpoints.finish().expect("checkpoints");

@@ -97,11 +97,11 @@ where
     let (c, out, source) = (ck.clone(), out.to_path_buf(), Arc::new(source));
     let metrics = SourceMetrics::default();
     let m = metrics.clone();
-    let guards = timely::execute(timely::Config::process(2), move |worker| -> Result<(), String> {
-        let attached = c.attach(worker.index());
+    let mut timely_config = timely::Config::process(2);
+    ck.configure(&mut timely_config);
+    let guards = timely::execute(timely_config, move |worker| -> Result<(), String> {
         worker.dataflow(|scope| -> Result<(), String> {
             let options = SourceOptions {
-                checkpoints: Some(c.clone()),
                 batch_size: 256,
                 idle_timeout: None,
                 ..Default::default()
@@ -110,11 +110,10 @@ where
                 read(scope, Arc::clone(&source), |r: &Rec| r.t, options, &m, None).map_err(|e| e.to_string())?.events;
             let sums = events.window(Tumbling::of(10.secs())).key_by(|r: &Rec| r.k).aggregate(Count);
             let lines = sums.results.map(|r| format!("{},{},{}", r.window.start, r.key, r.value));
-            write_parts(&lines, "sums", out.clone(), None, PartFormat::Rows, &c).map_err(|e| e.to_string())?;
+            write_parts(&lines, "sums", out.clone(), None, PartFormat::Rows).map_err(|e| e.to_string())?;
             Ok(())
         })?;
-        drop(attached);
-        c.built(worker.index()).map_err(|e| e.to_string())?;
+        c.built(worker).map_err(|e| e.to_string())?;
         run_until_failed(worker, &[&m]).map_err(|e| e.to_string())
     })
     .unwrap();

@@ -76,18 +76,18 @@ where
     let partitions: Vec<Vec<(u8, u64)>> =
         (0..2).map(|p| (0..150u64).map(|i| ((i % 5) as u8, i * 10 + p)).collect()).collect();
     let source = Arc::new(MemorySource::new(partitions));
-    let guards = timely::execute(timely::Config::process(2), move |worker| {
-        let attached = ck.attach(worker.index());
+    let mut timely_config = timely::Config::process(2);
+    checkpoints.configure(&mut timely_config);
+    let guards = timely::execute(timely_config, move |worker| {
         worker.dataflow::<Timestamp, _, _>(|scope| {
-            let options = SourceOptions { checkpoints: Some(ck.clone()), idle_timeout: None, ..Default::default() };
+            let options = SourceOptions { idle_timeout: None, ..Default::default() };
             let events =
                 read(scope, Arc::clone(&source), |e: &(u8, u64)| e.1, options, &SourceMetrics::default(), None)
                     .expect("reading")
                     .events;
             events.process_keyed("Count", |e: &(u8, u64)| e.0, process());
         });
-        drop(attached);
-        ck.built(worker.index())
+        ck.built(worker)
     })
     .expect("starting the workers");
     let built = guards.join().into_iter().map(|r| r.expect("a worker panicked")).collect();

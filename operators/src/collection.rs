@@ -43,7 +43,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
     /// assert_eq!(table.into_keys().collect::<Vec<_>>(), vec![('a', 2i64), ('b', 1)]);
     /// ```
     pub fn as_collection(&self) -> VecCollection<'scope, Timestamp, D, Diff> {
-        let stateful = Stateful::<Accumulation>::new("AsCollection");
+        let stateful = Stateful::<Accumulation>::new("AsCollection", &self.scope());
         if stateful.is_checkpointed() {
             return checkpointed(self, stateful);
         }

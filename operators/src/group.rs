@@ -119,7 +119,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
     {
         let key = Rc::new(key);
         let key_route = Rc::clone(&key);
-        let stateful = Stateful::<GroupState<K, A::Acc, D>>::new(name);
+        let stateful = Stateful::<GroupState<K, A::Acc, D>>::new(name, &self.scope());
         let gated = stateful.keyed_input(self, move |u: &Update<D>| route(&key_route(&u.0)));
         let mut builder = stateful.builder(&self.scope());
         let mut input = builder.input(gated);

@@ -320,7 +320,7 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         let key_left = Rc::new(key_left);
         let key_right = Rc::new(key_right);
         let (kl, kr) = (Rc::clone(&key_left), Rc::clone(&key_right));
-        let stateful = Stateful::<IntervalState<K, L, R>>::new(name);
+        let stateful = Stateful::<IntervalState<K, L, R>>::new(name, &self.scope());
         let left_in = stateful.keyed_input(self, move |u: &Update<L>| route(&kl(&u.0)));
         let right_in = stateful.keyed_input(other, move |u: &Update<R>| route(&kr(&u.0)));
         let mut builder = stateful.builder(&self.scope());

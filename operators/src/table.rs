@@ -158,7 +158,7 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
     /// ```
     pub fn upsert(&self, allowed_lateness: u64) -> Upserted<'scope, K, V> {
         let lateness = AllowedLateness(allowed_lateness);
-        let stateful = Stateful::<Upserts<K, V>>::new("Upsert");
+        let stateful = Stateful::<Upserts<K, V>>::new("Upsert", &self.scope());
         let gated = stateful.keyed_input(self, |u: &Update<(K, Option<V>)>| route(&(u.0).0));
         let mut builder = stateful.builder(&self.scope());
         let mut input = builder.input(gated);
@@ -342,7 +342,7 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
         }
         reader.post(index, 0);
         let reader = reader.clone();
-        let stateful = Stateful::<Served<K, V>>::new("ServeTable");
+        let stateful = Stateful::<Served<K, V>>::new("ServeTable", &scope);
         // The changelog is already on the workers that own its keys.
         let gated = stateful.local_input(&self.changelog);
         let mut builder = stateful.builder(&scope);
@@ -868,7 +868,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         let lateness = AllowedLateness(allowed_lateness);
         let key = Rc::new(key);
         let route_key = Rc::clone(&key);
-        let stateful = Stateful::<AsOfState<K, V, D>>::new(name);
+        let stateful = Stateful::<AsOfState<K, V, D>>::new(name, &self.scope());
         let table_log = stateful.keyed_input(&table.changelog, |u: &Update<(K, V)>| route(&(u.0).0));
         let stream = stateful.keyed_input(self, move |u: &Update<D>| route(&route_key(&u.0)));
         let mut builder = stateful.builder(&self.scope());

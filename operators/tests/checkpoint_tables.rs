@@ -4,11 +4,10 @@
 //! recovered on another number of workers equals an uninterrupted run's,
 //! time by time, and so does what a [`TableReader`] shows at the end.
 
-use std::rc::Rc;
 use std::sync::Arc;
 
 use highwater_operators::checkpoint::memory::{check_recovery, Input, MemoryStore};
-use highwater_operators::checkpoint::{self, StateStore};
+use highwater_operators::checkpoint;
 use highwater_operators::prelude::*;
 use highwater_operators::table::TableReader;
 use highwater_operators::{Update, END_OF_TIME};
@@ -126,14 +125,16 @@ fn served(input: &[Input<Upsert>], workers: usize, store: Option<MemoryStore>, s
     let reader: TableReader<u8, u8> = TableReader::new();
     let serving = reader.clone();
     let input: Arc<Vec<Input<Upsert>>> = Arc::new(input.iter().filter(|u| u.3 >= start).cloned().collect());
-    let guards = timely::execute(timely::Config::process(workers), move |worker| {
+    let mut config = timely::Config::process(workers);
+    if let Some(s) = store.as_ref() {
+        s.configure(&mut config);
+    }
+    let guards = timely::execute(config, move |worker| {
         let index = worker.index();
-        checkpoint::install(store.as_ref().map(|s| Rc::new(s.worker(index)) as Rc<dyn StateStore>));
         let mut handle: InputHandle<u64, CapacityContainerBuilder<Vec<Update<Upsert>>>> = InputHandle::new();
         worker.dataflow::<u64, _, _>(|scope| {
             EventStream::new(scope.input_from(&mut handle)).upsert(LATENESS).table.serve(&serving);
         });
-        checkpoint::install(None);
         handle.advance_to(start);
         if index == 0 {
             let mut sorted: Vec<&Input<Upsert>> = input.iter().collect();

@@ -8,7 +8,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::operators::checkpoint::{CheckpointId, Cut, Entry, Restored, Schema, StateError, StateStore};
+use crate::operators::checkpoint::{CheckpointId, Cut, Entry, Restored, Schema, StateError, StateRuntime, StateStore};
 use crate::operators::{Timestamp, END_OF_TIME};
 
 use super::cluster::{self, Membership, Message, Peer, ProcessPart};
@@ -383,13 +383,21 @@ impl Checkpoints {
         self.restored().and_then(|m| m.sources.get(source)).map(|v| v.as_slice())
     }
 
-    /// Installs this job's state store on the calling thread, worker
-    /// `worker`, for the dataflows it builds until the guard is dropped (see
-    /// [`highwater_operators::checkpoint::install`]). Call
-    /// [`built`](Self::built) once the worker's dataflows are built.
-    pub fn attach(&self, worker: usize) -> Attached {
-        crate::operators::checkpoint::install(Some(std::rc::Rc::new(self.worker(worker))));
-        Attached(())
+    /// Configures the timely computation of this job (started with
+    /// `config`) to be built with these checkpoints: its stateful operators,
+    /// sources and sinks find them through their scope (see
+    /// [`highwater_operators::checkpoint::configure`] and
+    /// [`of`](Self::of)). Call [`built`](Self::built) once a worker's
+    /// dataflows are built.
+    pub fn configure(&self, config: &mut timely::Config) {
+        crate::operators::checkpoint::configure(&mut config.worker, Arc::new(self.clone()));
+    }
+
+    /// The checkpoints the computation of `scope` was configured with
+    /// ([`configure`](Self::configure)), if any.
+    pub fn of(scope: &timely::dataflow::Scope<'_, Timestamp>) -> Option<Checkpoints> {
+        let runtime = crate::operators::checkpoint::runtime(scope)?;
+        runtime.as_any().downcast_ref::<Checkpoints>().cloned()
     }
 
     /// The per-worker [`StateStore`] the operators of `worker` use.
@@ -397,10 +405,20 @@ impl Checkpoints {
         WorkerStore { checkpoints: self.clone(), worker }
     }
 
-    /// Declares that `worker` has built its dataflow: checks that every
-    /// stateful operator can be checkpointed and that a restored checkpoint was
-    /// taken by the same dataflow. Checkpoints begin once every worker is built.
-    pub fn built(&self, worker: usize) -> Result<(), CheckpointError> {
+    /// Declares that `worker` has built its dataflow: checks that its
+    /// computation was configured with these checkpoints
+    /// ([`configure`](Self::configure)), that every stateful operator can be
+    /// checkpointed and that a restored checkpoint was taken by the same
+    /// dataflow. Checkpoints begin once every worker is built.
+    pub fn built(&self, worker: &timely::worker::Worker) -> Result<(), CheckpointError> {
+        let configured = crate::operators::checkpoint::runtime_of(worker.config())
+            .and_then(|r| r.as_any().downcast_ref::<Checkpoints>().map(|c| Arc::ptr_eq(&c.0, &self.0)));
+        if configured != Some(true) {
+            let error = CheckpointError::NotConfigured("the job's dataflow".to_owned());
+            fail(&self.0, &mut lock(&self.0.state), error.to_string());
+            return Err(error);
+        }
+        let worker = worker.index();
         let mut state = lock(&self.0.state);
         // An operator's state could not be restored (another schema, an
         // entry that does not decode): the job does not start.
@@ -447,11 +465,12 @@ impl Checkpoints {
     /// stateful operator can be checkpointed, and a restored checkpoint was
     /// taken by the same dataflow.
     pub fn check_dataflow(&self, probe: &DataflowProbe) -> Result<(), CheckpointError> {
-        let unsupported = probe.unsupported.borrow();
+        let unsupported = probe.unsupported.lock().unwrap_or_else(|p| p.into_inner());
         if !unsupported.is_empty() {
             return Err(CheckpointError::Unsupported(unsupported.join(", ")));
         }
-        let fingerprint = fingerprint_of(probe.operators.borrow().iter().map(String::as_str));
+        let operators = probe.operators.lock().unwrap_or_else(|p| p.into_inner());
+        let fingerprint = fingerprint_of(operators.iter().map(String::as_str));
         match self.restored() {
             Some(m) if m.fingerprint != fingerprint => {
                 Err(CheckpointError::Fingerprint { id: m.id, found: m.fingerprint.clone(), expected: fingerprint })
@@ -994,20 +1013,34 @@ fn fingerprint_of<'a>(names: impl Iterator<Item = &'a str>) -> String {
 /// operators and the stateful ones that cannot be checkpointed.
 #[derive(Debug, Default)]
 pub struct DataflowProbe {
-    operators: std::cell::RefCell<Vec<String>>,
-    unsupported: std::cell::RefCell<Vec<String>>,
+    operators: Mutex<Vec<String>>,
+    unsupported: Mutex<Vec<String>>,
 }
 
-impl StateStore for DataflowProbe {
+/// The probe as the runtime of the computation it builds.
+#[derive(Debug, Default, Clone)]
+struct ProbeRuntime(Arc<DataflowProbe>);
+
+impl StateRuntime for ProbeRuntime {
+    fn worker(&self, _index: usize) -> std::rc::Rc<dyn StateStore> {
+        std::rc::Rc::new(self.clone())
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl StateStore for ProbeRuntime {
     fn cut_after(&self, _done: Option<CheckpointId>) -> Option<Cut> {
         None
     }
     fn register(&self, operator: &str, _schema: &Schema, _migrates_from: &[u32]) {
-        self.operators.borrow_mut().push(operator.to_owned());
+        self.0.operators.lock().unwrap_or_else(|p| p.into_inner()).push(operator.to_owned());
     }
     fn fail(&self, _operator: &str, _error: StateError) {}
     fn unsupported(&self, operator: &str) {
-        self.unsupported.borrow_mut().push(operator.to_owned());
+        self.0.unsupported.lock().unwrap_or_else(|p| p.into_inner()).push(operator.to_owned());
     }
     fn restored(&self, _operator: &str) -> Option<Restored> {
         None
@@ -1019,16 +1052,17 @@ impl StateStore for DataflowProbe {
     fn on_cut(&self, _wake: Box<dyn Fn() + Send + Sync>) {}
 }
 
-/// Runs `build`, which builds (and runs to its end, so give it no input) the
-/// job's dataflow on this thread, e.g. in `timely::execute_directly`, and
-/// records what its operators declare: for [`Checkpoints::check_dataflow`]
-/// before the workers start.
-pub fn probe<R>(build: impl FnOnce() -> R) -> (DataflowProbe, R) {
-    let probe = std::rc::Rc::new(DataflowProbe::default());
-    crate::operators::checkpoint::install(Some(probe.clone()));
-    let result = build();
-    crate::operators::checkpoint::install(None);
-    let probe = std::rc::Rc::try_unwrap(probe).unwrap_or_default();
+/// Runs `build` with a one-worker timely configuration under which the job's
+/// dataflow is to be built (and run to its end, so give it no input), e.g.
+/// with `timely::execute`, and records what its operators declare: for
+/// [`Checkpoints::check_dataflow`] before the workers start.
+pub fn probe<R>(build: impl FnOnce(timely::Config) -> R) -> (DataflowProbe, R) {
+    let runtime = ProbeRuntime::default();
+    let mut config = timely::Config::thread();
+    crate::operators::checkpoint::configure(&mut config.worker, Arc::new(runtime.clone()));
+    let result = build(config);
+    let take = |names: &Mutex<Vec<String>>| Mutex::new(std::mem::take(&mut *names.lock().unwrap_or_else(|p| p.into_inner())));
+    let probe = DataflowProbe { operators: take(&runtime.0.operators), unsupported: take(&runtime.0.unsupported) };
     (probe, result)
 }
 
@@ -1173,14 +1207,13 @@ fn collect_garbage(store: &dyn CheckpointStore, keep: usize, newest: CheckpointI
     Ok(())
 }
 
-/// Keeps a job's state store installed on a worker thread; see [`Checkpoints::attach`].
-#[derive(Debug)]
-#[must_use = "the store is removed when the guard is dropped"]
-pub struct Attached(());
+impl StateRuntime for Checkpoints {
+    fn worker(&self, index: usize) -> std::rc::Rc<dyn StateStore> {
+        std::rc::Rc::new(Checkpoints::worker(self, index))
+    }
 
-impl Drop for Attached {
-    fn drop(&mut self) {
-        crate::operators::checkpoint::install(None);
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

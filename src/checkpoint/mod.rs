@@ -74,7 +74,7 @@ use std::time::Duration;
 
 pub use cluster::Membership;
 pub use coordinator::{
-    check, latest_usable, probe, Attached, Checkpoints, DataflowProbe, SinkCommitter, SinkSubmission, WorkerStore,
+    check, latest_usable, probe, Checkpoints, DataflowProbe, SinkCommitter, SinkSubmission, WorkerStore,
 };
 pub use manifest::{FileInfo, Manifest, PartitionState, ShardInfo, SinkPart, FORMAT_VERSION};
 pub use store::{open_store, CheckpointStore, LocalStore};
@@ -174,6 +174,13 @@ pub enum CheckpointError {
     /// Writing a checkpoint failed earlier in the run.
     #[error("checkpointing failed: {0}")]
     Failed(String),
+    /// A part of the dataflow that needs the job's checkpoints (an
+    /// exactly-once sink) was built in a computation configured without them.
+    #[error(
+        "{0} needs the job's checkpoints, but the timely computation was not configured with any: \
+         call Checkpoints::configure on its timely::Config before timely::execute"
+    )]
+    NotConfigured(String),
     /// An exactly-once sink could not pre-commit, commit or abort its output
     /// (e.g. its database refused a statement or could not be reached).
     #[error("sink {sink}: {reason}")]

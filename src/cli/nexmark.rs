@@ -296,7 +296,7 @@ fn query_header(query: Query) -> &'static [&'static str] {
 }
 
 pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
-    let config = crate::cluster::config_from_args(&args.timely)?;
+    let mut config = crate::cluster::config_from_args(&args.timely)?;
     let checkpoints = match &args.checkpoint_dir {
         Some(location) => {
             let membership = crate::cluster::checkpoint_membership(&config, args.checkpoint_coordinator.as_deref())
@@ -366,8 +366,8 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
         // input, must be checkpointable and the one a restored checkpoint
         // was taken by.
         let (query, options, source_only) = (args.query, query_options.clone(), args.source_only);
-        let (probe, ()) = crate::checkpoint::probe(|| {
-            timely::execute_directly(move |worker| {
+        let (probe, built) = crate::checkpoint::probe(|config| {
+            timely::execute(config, move |worker| {
                 worker.dataflow::<Timestamp, _, _>(|scope| {
                     let nothing = Arc::new(MemorySource::<Event>::new(Vec::new()));
                     let metrics = SourceMetrics::default();
@@ -378,7 +378,9 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
                     }
                 })
             })
+            .map(drop)
         });
+        built.map_err(|e| anyhow::anyhow!("building query {query} to check it: {e}"))?;
         ck.check_dataflow(&probe).with_context(|| format!("query {query} with --checkpoint-dir"))?;
         if let Some(m) = ck.restored().filter(|m| m.is_final()) {
             eprintln!("checkpoint {} is the final one: the job has completed, nothing to do", m.id);
@@ -396,7 +398,6 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
         batch_size: args.batch_size.max(1),
         max_in_flight: args.max_in_flight,
         start_offsets: Vec::new(),
-        checkpoints: checkpoints.clone(),
         ..Default::default()
     };
     if args.query.0 == 10 && args.output.is_some() {
@@ -418,10 +419,11 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     let output_postgres = PostgresOutput::from_args(&args);
     let (g, s, ck) = (gauges.clone(), Arc::clone(&sinks), checkpoints.clone());
     let abort = checkpoints.as_ref().map(|c| c.startup_abort()).unwrap_or_default();
+    if let Some(c) = checkpoints.as_ref() {
+        c.configure(&mut config);
+    }
     let guards = crate::cluster::execute_abortable(config, &abort, move |worker| -> anyhow::Result<()> {
         let probe = ProbeHandle::new();
-        let index = worker.index();
-        let attached = ck.as_ref().map(|ck| ck.attach(index));
         worker.dataflow::<Timestamp, _, _>(|scope| -> anyhow::Result<()> {
             let streams = events(scope, &input, source_options.clone(), &g, &probe)?;
             let out = if source_only {
@@ -438,19 +440,18 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
             let header = out.header.join(",");
             let handle = match (&output, query.0) {
                 _ if output_dir.is_some() => {
-                    let (dir, ck) = (output_dir.clone().expect("matched"), ck.as_ref().expect("required by clap"));
+                    let dir = output_dir.clone().expect("matched");
                     // An updating result (or one corrected by late records) as its changelog.
                     let format = if out.kind == QueryKind::Updating || query_options.allowed_lateness > 0 {
                         PartFormat::Changelog
                     } else {
                         PartFormat::Rows
                     };
-                    write_parts(&rows, "Output", dir, Some(header), format, ck)?
+                    write_parts(&rows, "Output", dir, Some(header), format)?
                 }
                 _ if output_postgres.is_some() => {
                     let postgres = output_postgres.as_ref().expect("matched");
-                    let ck = ck.as_ref().expect("required by clap");
-                    write_postgres(&rows, "Output", postgres.config(out.header), ck)?
+                    write_postgres(&rows, "Output", postgres.config(out.header))?
                 }
                 (Some(dir), 10) => {
                     let dir = dir.clone();
@@ -479,9 +480,8 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
             }
             Ok(())
         })?;
-        drop(attached);
         if let Some(ck) = ck.as_ref() {
-            ck.built(index)?;
+            ck.built(worker)?;
         }
         // A source that fails for good stops the job (not as an end of input).
         crate::source::run_until_failed(worker, &[&g.source])?;

@@ -32,18 +32,24 @@ use crate::checkpoint::{CheckpointError, Checkpoints, SinkCommitter, SinkPart, S
 /// retraction (negative diff) cannot be applied to appended output and is
 /// counted in the handle's `unapplied_retractions`; an updating stream is
 /// written as a [`PartFormat::Changelog`].
+///
+/// The sink commits with the job's checkpoints, which the timely computation
+/// must be configured with ([`Checkpoints::configure`]); without them it
+/// returns [`CheckpointError::NotConfigured`].
 pub fn write_parts(
     stream: &EventStream<'_, String>,
     name: &str,
     dir: PathBuf,
     header: Option<String>,
     format: PartFormat,
-    checkpoints: &Checkpoints,
 ) -> Result<SinkHandle, CheckpointError> {
     let handle = SinkHandle::default();
     let h = handle.clone();
     let worker = stream.scope().index();
-    let checkpoints = (worker == 0).then(|| checkpoints.clone());
+    let Some(checkpoints) = Checkpoints::of(&stream.scope()) else {
+        return Err(CheckpointError::NotConfigured(format!("the exactly-once sink {name}")).into());
+    };
+    let checkpoints = (worker == 0).then_some(checkpoints);
     if let Some(c) = checkpoints.as_ref() {
         c.register_sink(name, worker, Arc::new(PartFiles::new(dir.clone())))?;
     }

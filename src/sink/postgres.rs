@@ -460,17 +460,23 @@ fn net_rows(due: BTreeMap<Timestamp, Vec<(Timestamp, Vec<String>, i64)>>) -> Par
 /// On worker 0 this connects, creates the tables if needed and registers the
 /// sink, which after a recovery commits the restored checkpoint's part (if it
 /// was not) and discards what newer checkpoints pre-committed.
+///
+/// The sink commits with the job's checkpoints, which the timely computation
+/// must be configured with ([`Checkpoints::configure`]); without them it
+/// returns [`CheckpointError::NotConfigured`].
 pub fn write_postgres(
     stream: &EventStream<'_, String>,
     name: &str,
     config: PostgresSinkConfig,
-    checkpoints: &Checkpoints,
 ) -> Result<SinkHandle, PostgresSinkError> {
     let validated = config.checked()?;
     let handle = SinkHandle::default();
     let h = handle.clone();
     let worker = stream.scope().index();
-    let checkpoints = (worker == 0).then(|| checkpoints.clone());
+    let Some(checkpoints) = Checkpoints::of(&stream.scope()) else {
+        return Err(CheckpointError::NotConfigured(format!("the exactly-once sink {name}")).into());
+    };
+    let checkpoints = (worker == 0).then_some(checkpoints);
     if let Some(c) = checkpoints.as_ref() {
         let committer = PostgresCommitter::connect(name, &config)?;
         c.register_sink(name, worker, Arc::new(committer))?;

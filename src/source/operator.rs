@@ -41,11 +41,6 @@ pub struct SourceOptions {
     /// partitions are all idle holds the watermark at the highest it reached
     /// until they resume or end.
     pub board: WatermarkBoard,
-    /// The job's checkpoints, if it takes any: the source then reports its
-    /// partitions' offsets and watermarks at every cut, resumes from a
-    /// restored checkpoint's (overriding `start_offsets`), and holds its
-    /// capability after its partitions end until every source has ended.
-    pub checkpoints: Option<Checkpoints>,
     /// How errors that may go away (timeouts, interruptions) are retried
     /// before the source fails.
     pub retry: RetryPolicy,
@@ -144,7 +139,6 @@ impl Default for SourceOptions {
             max_in_flight: 100_000,
             start_offsets: Vec::new(),
             board: WatermarkBoard::default(),
-            checkpoints: None,
             retry: RetryPolicy::default(),
         }
     }
@@ -314,6 +308,12 @@ const AHEAD_OF_CUT: usize = 4;
 /// [`SourceMetrics::has_failed`] turns true, with the error in
 /// [`SourceMetrics::errors`]. Run the workers with [`run_until_failed`], which
 /// stops them then.
+///
+/// If the computation was configured with the job's checkpoints
+/// ([`Checkpoints::configure`]), the source reports its partitions' offsets
+/// and watermarks at every cut, resumes from a restored checkpoint's
+/// (overriding `start_offsets`), and holds its capability after its
+/// partitions end until every source has ended.
 pub fn read<'scope, S, TF>(
     scope: Scope<'scope, Timestamp>,
     source: Arc<S>,
@@ -328,7 +328,7 @@ where
 {
     let (index, peers) = (scope.index(), scope.peers());
     let names = source.partitions()?;
-    let checkpoints = options.checkpoints.clone();
+    let checkpoints = Checkpoints::of(&scope);
     let restored = checkpoints.as_ref().and_then(|c| c.restored_partitions(&options.name));
     if let Some(restored) = restored {
         if restored.len() != names.len() {

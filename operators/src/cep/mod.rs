@@ -372,7 +372,7 @@ impl<'scope, E: Data + Sync> EventStream<'scope, E> {
         let matcher = Matcher::new(pattern);
         let key = Rc::new(key);
         let route_key = Rc::clone(&key);
-        let stateful = Stateful::<CepState<K, E>>::new("MatchPattern");
+        let stateful = Stateful::<CepState<K, E>>::new("MatchPattern", &self.scope());
         let gated = stateful.keyed_input(self, move |u: &Update<E>| route(&route_key(&u.0)));
         let mut builder = stateful.builder(&self.scope());
         let mut input = builder.input(gated);

@@ -127,6 +127,12 @@ impl MemoryStore {
         WorkerView { store: self.clone(), worker }
     }
 
+    /// Configures a timely computation to be built with this store (see
+    /// [`super::configure`]).
+    pub fn configure(&self, config: &mut timely::Config) {
+        super::configure(&mut config.worker, Arc::new(self.clone()));
+    }
+
     /// Whether every registered operator has submitted its state for `id` on every worker.
     pub fn complete(&self, id: CheckpointId) -> bool {
         let shared = self.lock();
@@ -401,7 +407,17 @@ where
     run_from(input, workers, store.map(|s| (s, None)), build, keep, 0)
 }
 
-/// Runs `build` over `input` from `start` on, with `store` installed; with
+impl super::StateRuntime for MemoryStore {
+    fn worker(&self, index: usize) -> Rc<dyn StateStore> {
+        Rc::new(MemoryStore::worker(self, index))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// Runs `build` over `input` from `start` on, built with `store`; with
 /// `Some((cut, late))` beside it, worker 0 (which sends the input) begins
 /// checkpoint 1 at `cut` before it sends the first update that arrives at or
 /// after it; `late`, for itself only, announcing it to the others once it has
@@ -422,9 +438,12 @@ where
     let collected: Arc<Mutex<Output<O>>> = Arc::default();
     let keep = Arc::new(keep);
     let (input, build, out) = (Arc::clone(input), Arc::clone(build), Arc::clone(&collected));
-    let guards = timely::execute(timely::Config::process(workers), move |worker| {
+    let mut config = timely::Config::process(workers);
+    if let Some((s, _)) = store.as_ref() {
+        s.configure(&mut config);
+    }
+    let guards = timely::execute(config, move |worker| {
         let index = worker.index();
-        super::install(store.as_ref().map(|(s, _)| Rc::new(s.worker(index)) as Rc<dyn StateStore>));
         // Worker 0 sends the input, and begins the checkpoint if there is one.
         let checkpoint = store.as_ref().filter(|_| index == 0).and_then(|(s, cut)| cut.map(|(c, late)| (s, c, late)));
         let mut handle: InputHandle<Timestamp, CapacityContainerBuilder<Vec<Update<D>>>> = InputHandle::new();
@@ -443,7 +462,6 @@ where
                 }
             });
         });
-        super::install(None);
         handle.advance_to(start);
         if index == 0 {
             let mut sorted: Vec<&Input<D>> = input.iter().collect();

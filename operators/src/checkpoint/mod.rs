@@ -2,9 +2,10 @@
 //! the state an operator hands over at such a cut or gets back on recovery.
 //!
 //! A checkpoint *cut* `(id, T)` is begun by the runtime (the `highwater`
-//! crate's `checkpoint` module), which installs a [`StateStore`] on every
-//! worker thread before the dataflow is built ([`install`]). Each
-//! checkpointable operator then:
+//! crate's `checkpoint` module), a [`StateRuntime`] the timely computation is
+//! configured with before its dataflows are built ([`configure`]): every
+//! worker's operators find it through their scope and take their worker's
+//! [`StateStore`] from it. Each checkpointable operator then:
 //!
 //! 1. reads its input through a *gate*: an operator that passes updates
 //!    whose timely time is below the pending cut's `T` and keeps the others
@@ -27,7 +28,7 @@
 //!    whose effect the operator's restored state holds already: the gate
 //!    drops them, as exactly-once sinks do.
 //!
-//! Without an installed store (the default) nothing of this happens and the
+//! Without a runtime (the default) nothing of this happens and the
 //! operators run exactly as before. Stateful operators that cannot yet be
 //! checkpointed report themselves ([`StateStore::unsupported`]) so that the
 //! runtime refuses to start a checkpointed job it could not restore.
@@ -39,6 +40,7 @@ pub use gate::KeyPact;
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use timely::dataflow::channels::pact::Pipeline;
@@ -298,19 +300,49 @@ pub trait StateStore {
     fn on_cut(&self, wake: Box<dyn Fn() + Send + Sync>);
 }
 
-thread_local! {
-    static STORE: RefCell<Option<Rc<dyn StateStore>>> = const { RefCell::new(None) };
+/// A job's checkpointing runtime, shared by all its workers: what the
+/// dataflow is built with (see [`configure`]). The `highwater` crate's
+/// `Checkpoints` is one; [`memory::MemoryCheckpoint`] is the in-memory one of
+/// the operators' tests.
+pub trait StateRuntime: Send + Sync + std::fmt::Debug + 'static {
+    /// The store the operators of worker `index` use.
+    fn worker(&self, index: usize) -> Rc<dyn StateStore>;
+    /// The runtime as `Any`, for its owner to find its own type again (the
+    /// `highwater` crate's sources and sinks reach their `Checkpoints` so).
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
-/// Installs `store` for the dataflows built next on this thread (a worker),
-/// or removes it with `None`.
-pub fn install(store: Option<Rc<dyn StateStore>>) {
-    STORE.with(|s| *s.borrow_mut() = store);
+/// The key of the timely configuration entry that holds a job's [`StateRuntime`].
+const RUNTIME_KEY: &str = "highwater.checkpoint.runtime";
+
+/// The configuration entry (timely's registry holds sized values).
+#[derive(Clone)]
+struct Configured(Arc<dyn StateRuntime>);
+
+/// Builds every dataflow of the timely computation started with `config`
+/// with `runtime`: its stateful operators take their state from it and hand
+/// it over at its checkpoints. The runtime travels with the configuration to
+/// every worker (timely's [`WorkerConfig`](timely::WorkerConfig) registry),
+/// and operators find it through their scope ([`runtime`]): nothing is
+/// installed per thread, and a worker of a computation configured without a
+/// runtime builds its operators without checkpoints.
+pub fn configure(config: &mut timely::WorkerConfig, runtime: Arc<dyn StateRuntime>) {
+    config.set(RUNTIME_KEY.to_owned(), Configured(runtime));
 }
 
-/// The store installed on this thread, if any.
-pub fn installed() -> Option<Rc<dyn StateStore>> {
-    STORE.with(|s| s.borrow().clone())
+/// The runtime the computation of `scope` was configured with ([`configure`]), if any.
+pub fn runtime(scope: &timely::dataflow::Scope<'_, Timestamp>) -> Option<Arc<dyn StateRuntime>> {
+    runtime_of(scope.worker().config())
+}
+
+/// The runtime a worker's configuration holds ([`configure`]), if any.
+pub fn runtime_of(config: &timely::WorkerConfig) -> Option<Arc<dyn StateRuntime>> {
+    config.get::<Configured>(RUNTIME_KEY).map(|c| Arc::clone(&c.0))
+}
+
+/// The [`StateStore`] of `scope`'s worker, if its computation has a runtime.
+pub fn store(scope: &timely::dataflow::Scope<'_, Timestamp>) -> Option<Rc<dyn StateStore>> {
+    runtime(scope).map(|r| r.worker(scope.index()))
 }
 
 /// Encodes a piece of state for an [`Entry`] with postcard (see the
@@ -343,7 +375,7 @@ struct Shared {
     gates: RefCell<Vec<Activator>>,
 }
 
-/// A checkpointable operator's link to the installed [`StateStore`].
+/// A checkpointable operator's link to its worker's [`StateStore`].
 pub(crate) struct Checkpointer {
     store: Rc<dyn StateStore>,
     shared: Rc<Shared>,
@@ -366,9 +398,10 @@ pub(crate) enum Away<S> {
 }
 
 impl Checkpointer {
-    /// A checkpointer for an operator about to be built, if a store is installed.
-    pub(crate) fn new() -> Option<Self> {
-        let store = installed()?;
+    /// A checkpointer for an operator about to be built in `scope`, if its
+    /// computation has a checkpoint runtime.
+    pub(crate) fn new(scope: &timely::dataflow::Scope<'_, Timestamp>) -> Option<Self> {
+        let store = store(scope)?;
         let shared = Rc::new(Shared { done: Cell::new(None), gates: RefCell::new(Vec::new()) });
         Some(Checkpointer { store, shared, name: String::new(), waker: None })
     }

@@ -248,7 +248,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
     {
         let key = Rc::new(key);
         let key_route = Rc::clone(&key);
-        let stateful = Stateful::<ProcessState<K, D, P>>::new(name);
+        let stateful = Stateful::<ProcessState<K, D, P>>::new(name, &self.scope());
         let gated = stateful.keyed_input(self, move |u: &Update<D>| route(&key_route(&u.0)));
         let mut op = stateful.builder(&self.scope());
         let mut input = op.input(gated);

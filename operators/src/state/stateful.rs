@@ -9,6 +9,7 @@ use timely::dataflow::channels::pact::{ParallelizationContract, Pipeline};
 use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
 use timely::dataflow::operators::generic::{InputHandleCore, OperatorInfo, OutputBuilder};
 use timely::dataflow::operators::Capability;
+use timely::dataflow::Scope;
 use timely::progress::frontier::MutableAntichain;
 use timely::scheduling::Activator;
 
@@ -56,7 +57,7 @@ pub type InputOf<D, P> =
 ///
 /// let captured = timely::example(|scope| {
 ///     let input = EventStream::new(vec![('a', 1u64, 1i64), ('b', 2, 1), ('a', 3, 1)].to_stream(scope));
-///     let stateful = Stateful::<Counts>::new("Counts");
+///     let stateful = Stateful::<Counts>::new("Counts", &input.scope());
 ///     let gated = stateful.keyed_input(&input, |u: &(char, u64, i64)| route(&u.0));
 ///     let mut op = stateful.builder(&input.scope());
 ///     let mut input = op.input(gated);
@@ -114,12 +115,14 @@ pub struct GatedInput<'scope, D: 'static, P> {
 
 impl<S: OperatorState> Stateful<S> {
     /// A stateful operator named `name` (its name in logs, and with its address
-    /// in the dataflow, the name its state is checkpointed under).
-    pub fn new(name: &str) -> Self {
-        Stateful { name: name.to_owned(), checkpointer: Checkpointer::new(), _state: PhantomData }
+    /// in the dataflow, the name its state is checkpointed under), to be built
+    /// in `scope`: checkpointed if the computation was configured with a
+    /// checkpoint runtime ([`crate::checkpoint::configure`]).
+    pub fn new(name: &str, scope: &Scope<'_, Timestamp>) -> Self {
+        Stateful { name: name.to_owned(), checkpointer: Checkpointer::new(scope), _state: PhantomData }
     }
 
-    /// Whether the job is checkpointed (a checkpoint runtime is installed).
+    /// Whether the job is checkpointed (its computation has a checkpoint runtime).
     pub fn is_checkpointed(&self) -> bool {
         self.checkpointer.is_some()
     }

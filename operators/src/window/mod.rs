@@ -142,7 +142,7 @@ where
     KF: Fn(&D) -> K + 'static,
 {
     let key = Rc::clone(key);
-    let stateful = Stateful::<S>::new(name);
+    let stateful = Stateful::<S>::new(name, &stream.scope());
     let gated = stateful.keyed_input(stream, move |u: &Update<D>| route(&key(&u.0)));
     let mut builder = stateful.builder(&stream.scope());
     let input = builder.input(gated);

@@ -65,9 +65,9 @@ use std::sync::Arc;
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::late::{Counter, LateOutput};
+use crate::state::pending::Pending;
 use crate::state::{OperatorState, Schema, Snapshot, Stateful};
 use crate::stream::{EventStream, Update};
-use crate::table::Pending;
 use crate::time::{arrival_time, watermark_of, Timestamp};
 
 pub use pattern::{AfterMatchSkip, Contiguity, Greed, Matched, Pattern, PatternError, Predicate, StepKind};

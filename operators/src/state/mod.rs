@@ -37,6 +37,7 @@
 
 mod backend;
 pub(crate) mod multiset;
+pub(crate) mod pending;
 mod process;
 mod stateful;
 mod timers;

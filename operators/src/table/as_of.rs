@@ -5,8 +5,10 @@
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
+use std::slice::IterMut;
 
 use smallvec::SmallVec;
+use timely::dataflow::operators::{Capability, InputCapability};
 
 use super::Table;
 use crate::hold::Hold;
@@ -14,7 +16,7 @@ use crate::key::{route, Data, Key, StateMap};
 use crate::late::{Counter, LateOutput};
 use crate::state::multiset::bump;
 use crate::state::pending::Pending;
-use crate::state::{OperatorState, Schema, Snapshot, Stateful};
+use crate::state::{ActiveOutput, OperatorState, RestoredEntries, Schema, Snapshot, Stateful};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
 
@@ -184,7 +186,6 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         KF: Fn(&D) -> K + 'static,
         F: Fn(D, Option<&V>) -> Option<O> + 'static,
     {
-        let lateness = AllowedLateness(allowed_lateness);
         let key = Rc::new(key);
         let route_key = Rc::clone(&key);
         let stateful = Stateful::<AsOfState<K, V, D>>::new(name);
@@ -196,29 +197,18 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         let (mut results_out, results) = builder.output::<O>();
         let (mut late_out, late) = builder.output::<D>();
         let count = Counter::new();
-        let counter = count.clone();
+        let mut join = AsOfJoin {
+            key,
+            output,
+            lateness: AllowedLateness(allowed_lateness),
+            counter: count.clone(),
+            due: BTreeMap::new(),
+            hold: Hold::default(),
+            horizon: 0,
+        };
 
         builder.build(move |initial_capabilities, mut managed| {
-            let mut due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
-            let mut hold = Hold::default();
-            // Changes up to the horizon are summed in the versions' bases. A
-            // restored worker starts from 0: its keys' changes are kept by
-            // time, which answers every query a base would.
-            let mut horizon: Timestamp = 0;
-            managed.restore(|AsOfState { versions, waiting }, time, entries| {
-                entries.for_each(|entry| match entry {
-                    AsOfEntry::Versions(k, versioned) => {
-                        for (t, _, _) in versioned.changes.iter() {
-                            due.entry(*t).or_default().push(k.clone());
-                        }
-                        versions.insert(k, versioned);
-                    }
-                    // Waiting events are at or after the cut: they owe their results there.
-                    AsOfEntry::Waiting(t, record, diff, emit_at) => {
-                        waiting.restore((record, diff), t, emit_at.max(time), &mut hold, &initial_capabilities);
-                    }
-                });
-            });
+            managed.restore(|state, time, entries| join.restore(state, time, entries, &initial_capabilities));
             drop(initial_capabilities);
             move |frontiers| {
                 // While a background thread snapshots the versions and waiting
@@ -226,98 +216,214 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                 if !managed.home() {
                     return;
                 }
-                let AsOfState { versions, waiting } = managed.get();
+                let state = managed.get();
                 let mut results = results_out.activate();
                 let mut late = late_out.activate();
-                table_in.for_each_stamp(|_cap, data| {
-                    for batch in data {
-                        if horizon == END_OF_TIME {
-                            // No event will ask any more.
-                            batch.clear();
-                        }
-                        for ((k, v), time, diff) in batch.drain(..) {
-                            let entry = versions
-                                .entry(k.clone())
-                                .or_insert_with(|| Versioned { base: SmallVec::new(), changes: Vec::new() });
-                            if time <= horizon {
-                                bump(&mut entry.base, &v, diff);
-                                if entry.base.is_empty() && entry.changes.is_empty() {
-                                    versions.remove(&k);
-                                }
-                            } else {
-                                let at = entry.changes.partition_point(|(t, _, _)| *t <= time);
-                                entry.changes.insert(at, (time, v, diff));
-                                due.entry(time).or_default().push(k);
-                            }
-                        }
-                    }
-                });
+                table_in.for_each_stamp(|_cap, data| join.take_table(&mut state.versions, data));
                 let table_watermark = watermark_of(&frontiers[0]);
-
                 stream_in.for_each_stamp(|cap, data| {
-                    let arrived = arrival_time(&cap);
-                    let mut session = results.session(&cap);
-                    for batch in data {
-                        for (record, time, diff) in batch.drain(..) {
-                            if lateness.release_at(time.saturating_add(1)) <= arrived {
-                                late.session(&cap).give((record, time, diff));
-                                counter.add(1);
-                            } else if time < table_watermark && time < arrived {
-                                // Joined at once, at its arrival. An event ahead of its arrival
-                                // goes out at its own time, as if it had waited: its result's
-                                // timely time does not depend on how far the table had got.
-                                let value = versions.get(&key(&record)).and_then(|v| v.as_of(time));
-                                if let Some(out) = output(record, value) {
-                                    session.give((out, time, diff));
-                                }
-                            } else {
-                                waiting.insert((record, diff), time, arrived, &mut hold, &cap);
-                            }
-                        }
-                    }
+                    join.take_events(state, &cap, data, table_watermark, &mut results, &mut late);
                 });
-
-                while let Some((time, records, emit_at)) = waiting.pop_before(table_watermark, &mut hold) {
-                    let cap = hold.at(emit_at);
-                    let mut session = results.session(&cap);
-                    for (record, diff) in records {
-                        let value = versions.get(&key(&record)).and_then(|v| v.as_of(time));
-                        if let Some(out) = output(record, value) {
-                            session.give((out, time, diff));
-                        }
-                    }
-                }
-                hold.settle(None);
-
-                // Versions before the earliest time an event can still ask for.
+                join.emit_waiting(state, table_watermark, &mut results);
                 let stream_watermark = watermark_of(&frontiers[1]);
-                let reachable = stream_watermark.saturating_sub(lateness.0);
-                let next = waiting.first_time().map_or(reachable, |t| t.min(reachable));
-                if stream_watermark == END_OF_TIME && waiting.first_time().is_none() {
-                    // The events are done: the table's versions serve nobody.
-                    horizon = END_OF_TIME;
-                    *versions = StateMap::default();
-                    due.clear();
-                } else if next > horizon {
-                    horizon = next.saturating_sub(1);
-                    while let Some(entry) = due.first_entry() {
-                        if *entry.key() > horizon {
-                            break;
-                        }
-                        for k in entry.remove() {
-                            if versions.get_mut(&k).is_some_and(|v| v.compact(horizon)) {
-                                versions.remove(&k);
-                            }
-                        }
-                    }
-                }
+                join.compact(state, stream_watermark);
                 // The key function stays here (it need not be `Send`): the waiting
                 // events are routed now, the rest is serialized in the background.
-                managed.checkpoint_with(table_watermark.min(stream_watermark), |st| {
-                    st.waiting.iter().map(|(_, (record, _), _)| route(&key(record))).collect()
-                });
+                managed.checkpoint_with(table_watermark.min(stream_watermark), |st| join.routes(&st.waiting));
             }
         });
         AsOfJoined { results, late: LateOutput { stream: late, count } }
+    }
+}
+
+/// An as-of join operator's own part, besides its checkpointed
+/// [`AsOfState`]: its functions, its compaction schedule and the hold on its
+/// output. Each activation takes the table's changes
+/// ([`take_table`](Self::take_table)) and the events
+/// ([`take_events`](Self::take_events)), emits the waiting events the table's
+/// watermark has passed ([`emit_waiting`](Self::emit_waiting)) and forgets
+/// the versions no event can ask for any more ([`compact`](Self::compact)).
+struct AsOfJoin<K, KF, F> {
+    key: Rc<KF>,
+    output: F,
+    lateness: AllowedLateness,
+    counter: Counter,
+    /// The keys with changes after the horizon, by the changes' times.
+    due: BTreeMap<Timestamp, Vec<K>>,
+    hold: Hold,
+    /// Changes up to the horizon are summed in the versions' bases. A
+    /// restored worker starts from 0: its keys' changes are kept by
+    /// time, which answers every query a base would.
+    horizon: Timestamp,
+}
+
+impl<K: Key, KF, F> AsOfJoin<K, KF, F> {
+    /// Restores the state checkpointed at `time` from this worker's entries:
+    /// each key's versions, with their changes scheduled for compaction, and
+    /// the waiting events, under capabilities minted from the `initial` ones.
+    fn restore<V: Data, D: Data>(
+        &mut self,
+        AsOfState { versions, waiting }: &mut AsOfState<K, V, D>,
+        time: Timestamp,
+        entries: &mut RestoredEntries<AsOfState<K, V, D>>,
+        initial: &[Capability<Timestamp>],
+    ) {
+        entries.for_each(|entry| match entry {
+            AsOfEntry::Versions(k, versioned) => {
+                for (t, _, _) in versioned.changes.iter() {
+                    self.due.entry(*t).or_default().push(k.clone());
+                }
+                versions.insert(k, versioned);
+            }
+            // Waiting events are at or after the cut: they owe their results there.
+            AsOfEntry::Waiting(t, record, diff, emit_at) => {
+                waiting.restore((record, diff), t, emit_at.max(time), &mut self.hold, initial);
+            }
+        });
+    }
+
+    /// Takes in the table's changes of one stamp: a change up to the horizon
+    /// is summed in its key's base, a later one is kept by time until the
+    /// horizon passes it.
+    fn take_table<V: Data + PartialEq>(
+        &mut self,
+        versions: &mut StateMap<K, Versioned<V>>,
+        data: IterMut<'_, Vec<Update<(K, V)>>>,
+    ) {
+        for batch in data {
+            if self.horizon == END_OF_TIME {
+                // No event will ask any more.
+                batch.clear();
+            }
+            for ((k, v), time, diff) in batch.drain(..) {
+                let entry = versions
+                    .entry(k.clone())
+                    .or_insert_with(|| Versioned { base: SmallVec::new(), changes: Vec::new() });
+                if time <= self.horizon {
+                    bump(&mut entry.base, &v, diff);
+                    if entry.base.is_empty() && entry.changes.is_empty() {
+                        versions.remove(&k);
+                    }
+                } else {
+                    let at = entry.changes.partition_point(|(t, _, _)| *t <= time);
+                    entry.changes.insert(at, (time, v, diff));
+                    self.due.entry(time).or_default().push(k);
+                }
+            }
+        }
+    }
+
+    /// `record`, at `time`, joined with its key's value as of `time`.
+    fn join<V, D, O>(&self, versions: &StateMap<K, Versioned<V>>, record: D, time: Timestamp) -> Option<O>
+    where
+        V: PartialEq + Clone,
+        KF: Fn(&D) -> K,
+        F: Fn(D, Option<&V>) -> Option<O>,
+    {
+        let value = versions.get(&(self.key)(&record)).and_then(|v| v.as_of(time));
+        (self.output)(record, value)
+    }
+
+    /// Takes in the events of one stamp (`cap`), once the table's changes
+    /// before `table_watermark` are in: late events go to the late output,
+    /// the ones the table's watermark has passed are joined at once, the
+    /// others wait for it.
+    fn take_events<V, D, O>(
+        &mut self,
+        AsOfState { versions, waiting }: &mut AsOfState<K, V, D>,
+        cap: &InputCapability<Timestamp>,
+        data: IterMut<'_, Vec<Update<D>>>,
+        table_watermark: Timestamp,
+        results: &mut ActiveOutput<'_, O>,
+        late: &mut ActiveOutput<'_, D>,
+    ) where
+        V: PartialEq + Clone,
+        D: Data,
+        O: Data,
+        KF: Fn(&D) -> K,
+        F: Fn(D, Option<&V>) -> Option<O>,
+    {
+        let arrived = arrival_time(cap);
+        let mut session = results.session(cap);
+        for batch in data {
+            for (record, time, diff) in batch.drain(..) {
+                if self.lateness.release_at(time.saturating_add(1)) <= arrived {
+                    late.session(cap).give((record, time, diff));
+                    self.counter.add(1);
+                } else if time < table_watermark && time < arrived {
+                    // Joined at once, at its arrival. An event ahead of its arrival
+                    // goes out at its own time, as if it had waited: its result's
+                    // timely time does not depend on how far the table had got.
+                    if let Some(out) = self.join(versions, record, time) {
+                        session.give((out, time, diff));
+                    }
+                } else {
+                    waiting.insert((record, diff), time, arrived, &mut self.hold, cap);
+                }
+            }
+        }
+    }
+
+    /// Joins and emits the waiting events the table's watermark has passed,
+    /// in event-time order, each at its emission time; then settles the hold.
+    fn emit_waiting<V, D, O>(
+        &mut self,
+        AsOfState { versions, waiting }: &mut AsOfState<K, V, D>,
+        table_watermark: Timestamp,
+        results: &mut ActiveOutput<'_, O>,
+    ) where
+        V: PartialEq + Clone,
+        O: Data,
+        KF: Fn(&D) -> K,
+        F: Fn(D, Option<&V>) -> Option<O>,
+    {
+        while let Some((time, records, emit_at)) = waiting.pop_before(table_watermark, &mut self.hold) {
+            let cap = self.hold.at(emit_at);
+            let mut session = results.session(&cap);
+            for (record, diff) in records {
+                if let Some(out) = self.join(versions, record, time) {
+                    session.give((out, time, diff));
+                }
+            }
+        }
+        self.hold.settle(None);
+    }
+
+    /// Forgets the versions before the earliest time an event can still ask
+    /// for, now that the stream's watermark is `stream_watermark`.
+    fn compact<V: PartialEq + Clone, D>(
+        &mut self,
+        AsOfState { versions, waiting }: &mut AsOfState<K, V, D>,
+        stream_watermark: Timestamp,
+    ) {
+        let reachable = stream_watermark.saturating_sub(self.lateness.0);
+        let next = waiting.first_time().map_or(reachable, |t| t.min(reachable));
+        if stream_watermark == END_OF_TIME && waiting.first_time().is_none() {
+            // The events are done: the table's versions serve nobody.
+            self.horizon = END_OF_TIME;
+            *versions = StateMap::default();
+            self.due.clear();
+        } else if next > self.horizon {
+            self.horizon = next.saturating_sub(1);
+            while let Some(entry) = self.due.first_entry() {
+                if *entry.key() > self.horizon {
+                    break;
+                }
+                for k in entry.remove() {
+                    if versions.get_mut(&k).is_some_and(|v| v.compact(self.horizon)) {
+                        versions.remove(&k);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The waiting events' routes, in the order they wait: what a snapshot
+    /// needs of the key function, which stays on the worker.
+    fn routes<D>(&self, waiting: &Pending<(D, Diff)>) -> Vec<u64>
+    where
+        KF: Fn(&D) -> K,
+    {
+        waiting.iter().map(|(_, (record, _), _)| route(&(self.key)(record))).collect()
     }
 }

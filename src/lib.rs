@@ -21,9 +21,11 @@ pub mod fuzzing;
 pub mod nexmark;
 pub mod sink;
 pub mod source;
-pub mod time;
 
 pub use highwater_operators as operators;
+/// Event time: timestamps, lateness, watermark strategies and durations (the
+/// operators crate's [`highwater_operators::time`]).
+pub use highwater_operators::time;
 pub use highwater_operators::{EventStream, Timestamp};
 
 /// The names most programs use.

@@ -101,11 +101,7 @@ where
     ck.configure(&mut timely_config);
     let guards = timely::execute(timely_config, move |worker| -> Result<(), String> {
         worker.dataflow(|scope| -> Result<(), String> {
-            let options = SourceOptions {
-                batch_size: 256,
-                idle_timeout: None,
-                ..Default::default()
-            };
+            let options = SourceOptions { batch_size: 256, idle_timeout: None, ..Default::default() };
             let events =
                 read(scope, Arc::clone(&source), |r: &Rec| r.t, options, &m, None).map_err(|e| e.to_string())?.events;
             let sums = events.window(Tumbling::of(10.secs())).key_by(|r: &Rec| r.k).aggregate(Count);

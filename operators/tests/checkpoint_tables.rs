@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
-use highwater_operators::checkpoint::memory::{check_recovery, Input, MemoryStore};
 use highwater_operators::checkpoint;
+use highwater_operators::checkpoint::memory::{check_recovery, Input, MemoryStore};
 use highwater_operators::prelude::*;
 use highwater_operators::table::TableReader;
 use highwater_operators::{Update, END_OF_TIME};

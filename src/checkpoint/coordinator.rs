@@ -1061,7 +1061,8 @@ pub fn probe<R>(build: impl FnOnce(timely::Config) -> R) -> (DataflowProbe, R) {
     let mut config = timely::Config::thread();
     crate::operators::checkpoint::configure(&mut config.worker, Arc::new(runtime.clone()));
     let result = build(config);
-    let take = |names: &Mutex<Vec<String>>| Mutex::new(std::mem::take(&mut *names.lock().unwrap_or_else(|p| p.into_inner())));
+    let take =
+        |names: &Mutex<Vec<String>>| Mutex::new(std::mem::take(&mut *names.lock().unwrap_or_else(|p| p.into_inner())));
     let probe = DataflowProbe { operators: take(&runtime.0.operators), unsupported: take(&runtime.0.unsupported) };
     (probe, result)
 }

@@ -60,14 +60,17 @@ mod pattern;
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
+use std::slice::IterMut;
 use std::sync::Arc;
+
+use timely::dataflow::operators::{Capability, InputCapability};
 
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::late::{Counter, LateOutput};
-use crate::state::{OperatorState, Schema, Snapshot, Stateful};
+use crate::state::pending::Pending;
+use crate::state::{ActiveOutput, OperatorState, RestoredEntries, Schema, Snapshot, Stateful};
 use crate::stream::{EventStream, Update};
-use crate::table::Pending;
 use crate::time::{arrival_time, watermark_of, Timestamp};
 
 pub use pattern::{AfterMatchSkip, Contiguity, Greed, Matched, Pattern, PatternError, Predicate, StepKind};
@@ -380,44 +383,25 @@ impl<'scope, E: Data + Sync> EventStream<'scope, E> {
         let (mut timeouts_out, timeouts) = builder.output::<Match<K, E>>();
         let (mut late_out, late) = builder.output::<E>();
         let count = Counter::new();
-        let counter = count.clone();
-        let within = matcher.within();
-
-        let allowed = lateness.as_ref().map_or(0, |(l, _)| *l);
-        builder.build(move |initial_capabilities, mut managed| {
-            // Keys whose oldest replayable event leaves the lateness horizon, by watermark.
-            let mut trims: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
-            // The watermark up to which events have been matched.
-            let mut processed: Timestamp = 0;
-            // Expiry timers: the keys due, each with the time its output promise is held at.
-            let mut timers: BTreeMap<Timestamp, Vec<(K, Timestamp)>> = BTreeMap::new();
+        let mut op = PatternOperator {
+            names: matcher.names().to_vec(),
+            within: matcher.within(),
+            allowed: lateness.as_ref().map_or(0, |(l, _)| *l),
+            matcher,
+            key,
+            lateness,
+            counter: count.clone(),
+            trims: BTreeMap::new(),
+            processed: 0,
+            timers: BTreeMap::new(),
             // Matches go out on output 0, time-outs on output 1.
-            let mut hold = Hold::with_outputs(2);
-            let mut found_matches: Vec<Found<E>> = Vec::new();
-            let mut expired: Vec<(Match<K, E>, Timestamp, bool)> = Vec::new();
-            // Recovery: every key's state, with its timer and trim re-armed, and
-            // the events waiting for the watermark. Everything before the cut
-            // has been matched, and what is owed is at or after it.
-            managed.restore(|CepState { keys, waiting }, time, entries| {
-                processed = time;
-                keys.reserve(entries.len());
-                entries.for_each(|entry| match entry {
-                    CepEntry::Key(k, keyed) => {
-                        if keyed.timer != Timestamp::MAX {
-                            let promise = (keyed.timer - 1).max(time);
-                            hold.restore(promise, &initial_capabilities);
-                            timers.entry(keyed.timer).or_default().push((k.clone(), promise));
-                        }
-                        if keyed.replay.trim_at != Timestamp::MAX {
-                            trims.entry(keyed.replay.trim_at).or_default().push(k.clone());
-                        }
-                        keys.insert(k, keyed);
-                    }
-                    CepEntry::Waiting(t, k, event, emit_at) => {
-                        waiting.restore((k, event), t, emit_at.max(time), &mut hold, &initial_capabilities);
-                    }
-                });
-            });
+            hold: Hold::with_outputs(2),
+            found_matches: Vec::new(),
+            expired: Vec::new(),
+        };
+
+        builder.build(move |initial_capabilities, mut managed| {
+            managed.restore(|state, time, entries| op.restore(state, time, entries, &initial_capabilities));
             drop(initial_capabilities);
 
             move |frontiers| {
@@ -426,140 +410,18 @@ impl<'scope, E: Data + Sync> EventStream<'scope, E> {
                     return;
                 }
                 let CepState { keys, waiting } = managed.get();
-                let mut matches = matches_out.activate();
-                let mut timeouts = timeouts_out.activate();
-                let mut late = late_out.activate();
-                let names = matcher.names().to_vec();
-                input.for_each_stamp(|cap, data| {
-                    let arrived = arrival_time(&cap);
-                    for batch in data {
-                        for (event, time, diff) in batch.drain(..) {
-                            // An event at the end of time could never be passed by the watermark.
-                            let never = time == Timestamp::MAX;
-                            if time.saturating_add(1).saturating_add(allowed) <= arrived || diff <= 0 || never {
-                                late.session(&cap).give((event, time, diff));
-                                counter.add(1);
-                                continue;
-                            }
-                            for _ in 0..diff {
-                                let k = key(&event);
-                                if time >= processed {
-                                    waiting.insert((k, event.clone()), time, arrived, &mut hold, &cap);
-                                    continue;
-                                }
-                                // Late but within the lateness: replay the key.
-                                let Some((_, same)) = lateness.as_ref() else { continue };
-                                let keyed = keys.entry(k.clone()).or_insert_with(Keyed::new);
-                                let outputs = replay(&matcher, &names, &k, keyed, time, event.clone(), processed);
-                                let old = std::mem::replace(&mut keyed.replay.emitted, outputs);
-                                let new = &keyed.replay.emitted;
-                                let mut retracted = vec![false; old.len()];
-                                let mut kept = vec![false; new.len()];
-                                for (i, o) in old.iter().enumerate() {
-                                    if let Some(j) = (0..new.len()).find(|&j| {
-                                        !kept[j] && new[j].1 == o.1 && new[j].2 == o.2 && same(&new[j].0, &o.0)
-                                    }) {
-                                        kept[j] = true;
-                                    } else {
-                                        retracted[i] = true;
-                                    }
-                                }
-                                for (i, (m, t, timed_out)) in old.into_iter().enumerate() {
-                                    if retracted[i] {
-                                        let out = if timed_out { &mut timeouts } else { &mut matches };
-                                        out.session(&cap).give((m, t, -1));
-                                    }
-                                }
-                                for (j, (m, t, timed_out)) in new.iter().enumerate() {
-                                    if !kept[j] {
-                                        let out = if *timed_out { &mut timeouts } else { &mut matches };
-                                        out.session(&cap).give((m.clone(), *t, 1));
-                                    }
-                                }
-                                if let Some(next) = keyed.state.next_expiry(within) {
-                                    if next < keyed.timer {
-                                        keyed.timer = next;
-                                        let promise = (next - 1).max(arrived);
-                                        hold.insert(promise, &cap);
-                                        timers.entry(next).or_default().push((k.clone(), promise));
-                                    }
-                                }
-                                schedule_trim(&mut trims, &k, &mut keyed.replay, allowed, within);
-                            }
-                        }
-                    }
-                });
-
+                let mut out = Outputs {
+                    matches: matches_out.activate(),
+                    timeouts: timeouts_out.activate(),
+                    late: late_out.activate(),
+                };
+                input.for_each_stamp(|cap, data| op.take_events(keys, waiting, &cap, data, &mut out));
                 let watermark = watermark_of(&frontiers[0]);
-                while let Some((time, records, emit_at)) = waiting.pop_before(watermark, &mut hold) {
-                    // The records' promise is withdrawn but not yet settled: still emit under it.
-                    hold.promise(emit_at);
-                    expire(&matcher, &names, time, &mut *keys, &mut timers, &mut hold, &mut expired, allowed > 0);
-                    for (m, t, timed_out) in expired.drain(..) {
-                        let port = usize::from(timed_out);
-                        let out = if timed_out { &mut timeouts } else { &mut matches };
-                        out.session(&hold.at_or_after_on(t, port)).give((m, t, 1));
-                    }
-                    for (k, event) in records {
-                        let keyed = keys.entry(k.clone()).or_insert_with(Keyed::new);
-                        if allowed > 0 {
-                            keyed.replay.history.push((time, event.clone()));
-                            schedule_trim(&mut trims, &k, &mut keyed.replay, allowed, within);
-                        }
-                        matcher.advance(&mut keyed.state, event, time, &mut found_matches);
-                        for f in found_matches.drain(..) {
-                            let m = to_match(k.clone(), &names, &f);
-                            if allowed > 0 {
-                                keyed.replay.emitted.push((m.clone(), f.time, false));
-                            }
-                            matches.session(&hold.at(emit_at)).give((m, f.time, 1));
-                        }
-                        // A timer already set is early enough: new runs start later.
-                        let next = if keyed.timer == Timestamp::MAX { keyed.state.next_expiry(within) } else { None };
-                        match next {
-                            Some(next) => {
-                                keyed.timer = next;
-                                // Not before the capability the event came with.
-                                let promise = (next - 1).max(emit_at);
-                                hold.promise(promise);
-                                timers.entry(next).or_default().push((k, promise));
-                            }
-                            None if keyed.timer == Timestamp::MAX && keyed.is_idle() => {
-                                keys.remove(&k);
-                            }
-                            None => {}
-                        }
-                    }
-                    hold.remove(emit_at);
-                }
-                expire(&matcher, &names, watermark, &mut *keys, &mut timers, &mut hold, &mut expired, allowed > 0);
-                for (m, t, timed_out) in expired.drain(..) {
-                    let port = usize::from(timed_out);
-                    let out = if timed_out { &mut timeouts } else { &mut matches };
-                    out.session(&hold.at_or_after_on(t, port)).give((m, t, 1));
-                }
-                processed = processed.max(watermark);
-                // Events before the lateness horizon can no longer be preceded by a late one.
-                let horizon = watermark.saturating_sub(allowed);
-                while let Some(entry) = trims.first_entry() {
-                    if *entry.key() > watermark {
-                        break;
-                    }
-                    let (at, due) = entry.remove_entry();
-                    for k in due {
-                        let Some(keyed) = keys.get_mut(&k) else { continue };
-                        if keyed.replay.trim_at != at {
-                            continue;
-                        }
-                        keyed.replay.trim_at = Timestamp::MAX;
-                        trim(&matcher, &mut keyed.replay, horizon);
-                        schedule_trim(&mut trims, &k, &mut keyed.replay, allowed, within);
-                        if keyed.is_idle() && keyed.timer == Timestamp::MAX {
-                            keys.remove(&k);
-                        }
-                    }
-                }
-                hold.settle(None);
+                op.match_waiting(keys, waiting, watermark, &mut out);
+                op.fire_timers(keys, watermark, &mut out);
+                op.processed = op.processed.max(watermark);
+                op.trim_replays(keys, watermark);
+                op.hold.settle(None);
                 // A key's partial matches share the events they took through
                 // `Arc` links (`nfa::Node`): the background thread reads them while
                 // the operator leaves them alone.
@@ -567,6 +429,280 @@ impl<'scope, E: Data + Sync> EventStream<'scope, E> {
             }
         });
         Ok(Matches { matches, timeouts, late: LateOutput { stream: late, count } })
+    }
+}
+
+/// A pattern operator's outputs during an activation.
+struct Outputs<'a, K: 'static, E: 'static> {
+    matches: ActiveOutput<'a, Match<K, E>>,
+    timeouts: ActiveOutput<'a, Match<K, E>>,
+    late: ActiveOutput<'a, E>,
+}
+
+impl<'a, K: 'static, E: 'static> Outputs<'a, K, E> {
+    /// The time-outs' output if `timed_out`, else the matches'.
+    fn of(&mut self, timed_out: bool) -> &mut ActiveOutput<'a, Match<K, E>> {
+        if timed_out {
+            &mut self.timeouts
+        } else {
+            &mut self.matches
+        }
+    }
+}
+
+/// A pattern operator's own part, besides its checkpointed [`CepState`]: the
+/// matcher, the key function, the keys' expiry timers and replay trims, and
+/// the hold on its outputs. Each activation takes the events in
+/// ([`take_events`](Self::take_events)), matches the waiting ones the
+/// watermark has passed ([`match_waiting`](Self::match_waiting)), fires the
+/// timers due ([`fire_timers`](Self::fire_timers)) and trims the keys' replay
+/// state ([`trim_replays`](Self::trim_replays)).
+struct PatternOperator<K, E, KF> {
+    matcher: Matcher<E>,
+    /// The matcher's step names.
+    names: Vec<Arc<str>>,
+    /// The pattern's time bound.
+    within: Option<u64>,
+    key: Rc<KF>,
+    /// With an allowed lateness: the lateness, and how outputs are compared
+    /// when a replay corrects them.
+    lateness: Option<(u64, SameOutput<K, E>)>,
+    /// The allowed lateness (0: none).
+    allowed: u64,
+    counter: Counter,
+    /// Keys whose oldest replayable event leaves the lateness horizon, by watermark.
+    trims: BTreeMap<Timestamp, Vec<K>>,
+    /// The watermark up to which events have been matched.
+    processed: Timestamp,
+    /// Expiry timers: the keys due, each with the time its output promise is held at.
+    timers: BTreeMap<Timestamp, Vec<(K, Timestamp)>>,
+    hold: Hold,
+    found_matches: Vec<Found<E>>,
+    expired: Vec<(Match<K, E>, Timestamp, bool)>,
+}
+
+impl<K: Key, E: Data + Sync, KF: Fn(&E) -> K> PatternOperator<K, E, KF> {
+    /// Recovery: every key's state, with its timer and trim re-armed, and
+    /// the events waiting for the watermark. Everything before the cut
+    /// (`time`) has been matched, and what is owed is at or after it.
+    fn restore(
+        &mut self,
+        CepState { keys, waiting }: &mut CepState<K, E>,
+        time: Timestamp,
+        entries: &mut RestoredEntries<CepState<K, E>>,
+        initial: &[Capability<Timestamp>],
+    ) {
+        self.processed = time;
+        keys.reserve(entries.len());
+        entries.for_each(|entry| match entry {
+            CepEntry::Key(k, keyed) => {
+                if keyed.timer != Timestamp::MAX {
+                    let promise = (keyed.timer - 1).max(time);
+                    self.hold.restore(promise, initial);
+                    self.timers.entry(keyed.timer).or_default().push((k.clone(), promise));
+                }
+                if keyed.replay.trim_at != Timestamp::MAX {
+                    self.trims.entry(keyed.replay.trim_at).or_default().push(k.clone());
+                }
+                keys.insert(k, keyed);
+            }
+            CepEntry::Waiting(t, k, event, emit_at) => {
+                waiting.restore((k, event), t, emit_at.max(time), &mut self.hold, initial);
+            }
+        });
+    }
+
+    /// Takes in the events of one stamp (`cap`): an event the watermark has
+    /// not passed waits for it; a late one within the allowed lateness
+    /// replays its key; later ones, and retractions, go to the late output.
+    fn take_events(
+        &mut self,
+        keys: &mut StateMap<K, Keyed<K, E>>,
+        waiting: &mut Pending<(K, E)>,
+        cap: &InputCapability<Timestamp>,
+        data: IterMut<'_, Vec<Update<E>>>,
+        out: &mut Outputs<'_, K, E>,
+    ) {
+        let arrived = arrival_time(cap);
+        for batch in data {
+            for (event, time, diff) in batch.drain(..) {
+                // An event at the end of time could never be passed by the watermark.
+                let never = time == Timestamp::MAX;
+                if time.saturating_add(1).saturating_add(self.allowed) <= arrived || diff <= 0 || never {
+                    out.late.session(cap).give((event, time, diff));
+                    self.counter.add(1);
+                    continue;
+                }
+                for _ in 0..diff {
+                    let k = (self.key)(&event);
+                    if time >= self.processed {
+                        waiting.insert((k, event.clone()), time, arrived, &mut self.hold, cap);
+                        continue;
+                    }
+                    self.replay_late(keys, k, &event, time, cap, out);
+                }
+            }
+        }
+    }
+
+    /// A late event within the allowed lateness: replays its key's events
+    /// with it and corrects the outputs that change (at its arrival, `cap`).
+    fn replay_late(
+        &mut self,
+        keys: &mut StateMap<K, Keyed<K, E>>,
+        k: K,
+        event: &E,
+        time: Timestamp,
+        cap: &InputCapability<Timestamp>,
+        out: &mut Outputs<'_, K, E>,
+    ) {
+        let Some((_, same)) = self.lateness.as_ref() else { return };
+        let arrived = arrival_time(cap);
+        let keyed = keys.entry(k.clone()).or_insert_with(Keyed::new);
+        let outputs = replay(&self.matcher, &self.names, &k, keyed, time, event.clone(), self.processed);
+        let old = std::mem::replace(&mut keyed.replay.emitted, outputs);
+        correct(old, &keyed.replay.emitted, same, cap, out);
+        if let Some(next) = keyed.state.next_expiry(self.within) {
+            if next < keyed.timer {
+                keyed.timer = next;
+                let promise = (next - 1).max(arrived);
+                self.hold.insert(promise, cap);
+                self.timers.entry(next).or_default().push((k.clone(), promise));
+            }
+        }
+        schedule_trim(&mut self.trims, &k, &mut keyed.replay, self.allowed, self.within);
+    }
+
+    /// Matches the waiting events the watermark has passed, in event-time
+    /// order: at each event time, the timers due by it fire first.
+    fn match_waiting(
+        &mut self,
+        keys: &mut StateMap<K, Keyed<K, E>>,
+        waiting: &mut Pending<(K, E)>,
+        watermark: Timestamp,
+        out: &mut Outputs<'_, K, E>,
+    ) {
+        while let Some((time, records, emit_at)) = waiting.pop_before(watermark, &mut self.hold) {
+            // The records' promise is withdrawn but not yet settled: still emit under it.
+            self.hold.promise(emit_at);
+            self.fire_timers(keys, time, out);
+            for (k, event) in records {
+                self.advance(keys, k, event, time, emit_at, out);
+            }
+            self.hold.remove(emit_at);
+        }
+    }
+
+    /// Advances key `k`'s matcher by `event` (at `time`, its results going
+    /// out at `emit_at`): emits the matches it completes, sets the key's
+    /// timer, and forgets the key if it holds nothing any more.
+    fn advance(
+        &mut self,
+        keys: &mut StateMap<K, Keyed<K, E>>,
+        k: K,
+        event: E,
+        time: Timestamp,
+        emit_at: Timestamp,
+        out: &mut Outputs<'_, K, E>,
+    ) {
+        let keyed = keys.entry(k.clone()).or_insert_with(Keyed::new);
+        if self.allowed > 0 {
+            keyed.replay.history.push((time, event.clone()));
+            schedule_trim(&mut self.trims, &k, &mut keyed.replay, self.allowed, self.within);
+        }
+        self.matcher.advance(&mut keyed.state, event, time, &mut self.found_matches);
+        for f in self.found_matches.drain(..) {
+            let m = to_match(k.clone(), &self.names, &f);
+            if self.allowed > 0 {
+                keyed.replay.emitted.push((m.clone(), f.time, false));
+            }
+            out.matches.session(&self.hold.at(emit_at)).give((m, f.time, 1));
+        }
+        // A timer already set is early enough: new runs start later.
+        let next = if keyed.timer == Timestamp::MAX { keyed.state.next_expiry(self.within) } else { None };
+        match next {
+            Some(next) => {
+                keyed.timer = next;
+                // Not before the capability the event came with.
+                let promise = (next - 1).max(emit_at);
+                self.hold.promise(promise);
+                self.timers.entry(next).or_default().push((k, promise));
+            }
+            None if keyed.timer == Timestamp::MAX && keyed.is_idle() => {
+                keys.remove(&k);
+            }
+            None => {}
+        }
+    }
+
+    /// Fires the expiry timers due by `until` and emits the matches and
+    /// time-outs they yield.
+    fn fire_timers(&mut self, keys: &mut StateMap<K, Keyed<K, E>>, until: Timestamp, out: &mut Outputs<'_, K, E>) {
+        let record = self.allowed > 0;
+        expire(&self.matcher, &self.names, until, keys, &mut self.timers, &mut self.hold, &mut self.expired, record);
+        for (m, t, timed_out) in self.expired.drain(..) {
+            let port = usize::from(timed_out);
+            out.of(timed_out).session(&self.hold.at_or_after_on(t, port)).give((m, t, 1));
+        }
+    }
+
+    /// Trims the replay state of the keys whose trim the watermark has
+    /// reached, and forgets the keys left with nothing.
+    fn trim_replays(&mut self, keys: &mut StateMap<K, Keyed<K, E>>, watermark: Timestamp) {
+        // Events before the lateness horizon can no longer be preceded by a late one.
+        let horizon = watermark.saturating_sub(self.allowed);
+        while let Some(entry) = self.trims.first_entry() {
+            if *entry.key() > watermark {
+                break;
+            }
+            let (at, due) = entry.remove_entry();
+            for k in due {
+                let Some(keyed) = keys.get_mut(&k) else { continue };
+                if keyed.replay.trim_at != at {
+                    continue;
+                }
+                keyed.replay.trim_at = Timestamp::MAX;
+                trim(&self.matcher, &mut keyed.replay, horizon);
+                schedule_trim(&mut self.trims, &k, &mut keyed.replay, self.allowed, self.within);
+                if keyed.is_idle() && keyed.timer == Timestamp::MAX {
+                    keys.remove(&k);
+                }
+            }
+        }
+    }
+}
+
+/// Emits what a replay changed between a key's `old` and `new` outputs, at
+/// the late event's arrival (`cap`): a retraction of each old output that no
+/// new one is the same as, then an insertion of each new output that no old
+/// one is.
+fn correct<K: Key, E: Data>(
+    old: Vec<(Match<K, E>, Timestamp, bool)>,
+    new: &[(Match<K, E>, Timestamp, bool)],
+    same: &SameOutput<K, E>,
+    cap: &InputCapability<Timestamp>,
+    out: &mut Outputs<'_, K, E>,
+) {
+    let mut retracted = vec![false; old.len()];
+    let mut kept = vec![false; new.len()];
+    for (i, o) in old.iter().enumerate() {
+        if let Some(j) =
+            (0..new.len()).find(|&j| !kept[j] && new[j].1 == o.1 && new[j].2 == o.2 && same(&new[j].0, &o.0))
+        {
+            kept[j] = true;
+        } else {
+            retracted[i] = true;
+        }
+    }
+    for (i, (m, t, timed_out)) in old.into_iter().enumerate() {
+        if retracted[i] {
+            out.of(timed_out).session(cap).give((m, t, -1));
+        }
+    }
+    for (j, (m, t, timed_out)) in new.iter().enumerate() {
+        if !kept[j] {
+            out.of(*timed_out).session(cap).give((m.clone(), *t, 1));
+        }
     }
 }
 

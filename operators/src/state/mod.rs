@@ -37,6 +37,7 @@
 
 mod backend;
 pub(crate) mod multiset;
+pub(crate) mod pending;
 mod process;
 mod stateful;
 mod timers;
@@ -44,6 +45,7 @@ mod timers;
 pub use crate::checkpoint::{Schema, StateError};
 pub use backend::{InMemory, KeyedStateBackend};
 pub use process::{KeyedContext, KeyedProcess};
+pub(crate) use stateful::ActiveOutput;
 pub use stateful::{GatedInput, InputOf, Managed, OutputOf, RestoredEntries, Stateful, StatefulBuilder};
 pub use timers::Timers;
 

@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::{ParallelizationContract, Pipeline};
 use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
-use timely::dataflow::operators::generic::{InputHandleCore, OperatorInfo, OutputBuilder};
+use timely::dataflow::operators::generic::{InputHandleCore, OperatorInfo, OutputBuilder, OutputBuilderSession};
 use timely::dataflow::operators::Capability;
 use timely::dataflow::Scope;
 use timely::progress::frontier::MutableAntichain;
@@ -21,6 +21,10 @@ use crate::time::Timestamp;
 
 /// An operator output of updates of `T`, as every stateful operator builds it.
 pub type OutputOf<T> = OutputBuilder<Timestamp, CapacityContainerBuilder<Vec<Update<T>>>>;
+
+/// An output of updates of `T` during an activation ([`OutputBuilder::activate`]
+/// of an [`OutputOf`]): what the operator's steps open sessions on.
+pub(crate) type ActiveOutput<'a, T> = OutputBuilderSession<'a, Timestamp, CapacityContainerBuilder<Vec<Update<T>>>>;
 
 /// The input handle of a stateful operator's input read through `P`.
 pub type InputOf<D, P> =

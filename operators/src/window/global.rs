@@ -1,17 +1,22 @@
 //! Global windows: one window per key for all time, fired by a trigger.
 
 use std::collections::BTreeMap;
+use std::marker::PhantomData;
 use std::rc::Rc;
+use std::slice::IterMut;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{de::DeserializeOwned, Serialize};
+use timely::dataflow::operators::{Capability, InputCapability};
+use timely::scheduling::Activator;
 
 use super::count::Pending;
 use super::{consolidate, skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
 use crate::aggregate::Aggregate;
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
-use crate::state::{OperatorState, Schema, Snapshot};
+use crate::late::Counter;
+use crate::state::{ActiveOutput, OperatorState, RestoredEntries, Schema, Snapshot};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
 
@@ -348,62 +353,30 @@ where
     let key = Rc::new(key);
     let (Skeleton { builder, mut input, results: mut results_out, late: mut late_out, late_count }, windowed) =
         skeleton::<GlobalState<K, KeyWindowOf<D, T, A>, D>, _, _, _, _>(stream, name, &key);
-    let counter = late_count;
     let activator = builder.activator();
     let period = trigger.processing_period();
 
     builder.build(move |initial_capabilities, mut managed| {
-        let mut timers: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
-        // Results go out on output 0, retractions no window holds on the late output 1.
-        let mut hold = Hold::with_outputs(2);
-        let mut processed_upto: Timestamp = 0;
-        let mut last_period: u64 = period.map(|p| wall_clock_ms() / p * p).unwrap_or(0);
-        // The processing-time firing at the end of input has happened.
-        let mut flushed = false;
-        // Recovery: each key's window with its trigger state and timer, its
-        // records waiting for the watermark, and the last processing-time period.
-        managed.restore(|GlobalState { windows, waiting }, time, entries| {
-            processed_upto = time;
-            // A final checkpoint is taken after the end-of-input firing.
-            flushed = time == END_OF_TIME;
-            let mut restored_period = None::<u64>;
-            // Sized at once: entries come in the old map's hash order (see the aligned windows).
-            windows.reserve(entries.len());
-            entries.for_each(|(k, window, held, period)| {
-                restored_period = restored_period.max(Some(period));
-                for (t, record) in held {
-                    waiting.restore(record, t, time, &mut hold, &initial_capabilities);
-                }
-                if let Some(w) = window {
-                    if let Some(at) = w.timer {
-                        timers.entry(at).or_default().push(k.clone());
-                    }
-                    windows.insert(k, w);
-                }
-            });
-            if period.is_some() {
-                last_period = restored_period.unwrap_or(last_period);
-            }
-            // Timers and processing-time firings emit under a capability held at
-            // the watermark (the floor below): take it back at the cut.
-            if time < END_OF_TIME && (!timers.is_empty() || period.is_some() && !windows.is_empty()) {
-                hold.restore(time, &initial_capabilities);
-                hold.remove(time);
-            }
-        });
-        drop(initial_capabilities);
-        let mut out = Vec::new();
-        let mut touched: Vec<K> = Vec::new();
-
-        let new_window = |agg: &A, time| KeyWindow {
-            acc: agg.init(),
-            trigger: T::State::default(),
-            start: time,
-            filled: false,
-            changed: false,
-            emitted: None,
-            timer: None,
+        let mut op = GlobalOperator {
+            key,
+            trigger,
+            agg,
+            lateness,
+            counter: late_count,
+            period,
+            activator,
+            timers: BTreeMap::new(),
+            // Results go out on output 0, retractions no window holds on the late output 1.
+            hold: Hold::with_outputs(2),
+            processed_upto: 0,
+            last_period: period.map(|p| wall_clock_ms() / p * p).unwrap_or(0),
+            flushed: false,
+            out: Vec::new(),
+            touched: Vec::new(),
+            _records: PhantomData,
         };
+        managed.restore(|state, time, entries| op.restore(state, time, entries, &initial_capabilities));
+        drop(initial_capabilities);
 
         move |frontiers| {
             // While a background thread snapshots the windows and waiting records
@@ -411,191 +384,341 @@ where
             if !managed.home() {
                 return;
             }
-            let GlobalState { windows, waiting } = managed.get();
+            let state = managed.get();
             let mut results = results_out.activate();
             let mut late = late_out.activate();
-
-            // Adds a record to its key's window and runs the trigger.
-            let add = |record: D,
-                       time: Timestamp,
-                       windows: &mut StateMap<K, KeyWindow<_, _, _>>,
-                       timers: &mut BTreeMap<Timestamp, Vec<K>>,
-                       out: &mut Vec<_>,
-                       touched: &mut Vec<K>,
-                       emit_time: Timestamp| {
-                let k = key(&record);
-                touched.push(k.clone());
-                let w = windows.entry(k.clone()).or_insert_with(|| new_window(&agg, time));
-                if !w.filled {
-                    w.filled = true;
-                    w.start = time;
-                }
-                w.changed = true;
-                agg.update(&mut w.acc, &record, 1);
-                let action = trigger.on_record(&mut w.trigger, &record, time);
-                act::<K, D, T, A>(action, &k, w, Window::new(w.start, time + 1), emit_time, &agg, out);
-                if let Some(at) = trigger.next_event_time(&w.trigger, time) {
-                    if w.timer.is_none_or(|t| at < t) && at > processed_upto {
-                        w.timer = Some(at);
-                        timers.entry(at).or_default().push(k);
-                    }
-                }
-            };
-
-            // Takes a record out of its key's window (the trigger sees insertions
-            // only); `false` if the key's window holds no records (none yet, or
-            // none since it was purged) to take it from.
-            let retract =
-                |record: &D, diff: Diff, windows: &mut StateMap<K, KeyWindow<_, _, _>>, touched: &mut Vec<K>| {
-                    let k = key(record);
-                    let Some(w) = windows.get_mut(&k).filter(|w| w.filled) else { return false };
-                    agg.update(&mut w.acc, record, diff);
-                    w.changed = true;
-                    touched.push(k);
-                    true
-                };
-
-            input.for_each_stamp(|cap, data| {
-                let arrived = arrival_time(&cap);
-                for batch in data {
-                    for (record, time, diff) in batch.drain(..) {
-                        if diff <= 0 {
-                            if diff == 0 {
-                                continue;
-                            }
-                            if lateness.release_at(time.saturating_add(1)) <= arrived {
-                                late.session(&cap).give((record, time, diff));
-                                counter.add(1);
-                            } else if time >= processed_upto {
-                                waiting.insert((record, diff), time, arrived, &mut hold, &cap);
-                            } else if !retract(&record, diff, windows, &mut touched) {
-                                late.session(&cap).give((record, time, diff));
-                                counter.add(1);
-                            }
-                            continue;
-                        }
-                        for _ in 0..diff {
-                            if lateness.release_at(time.saturating_add(1)) <= arrived {
-                                late.session(&cap).give((record.clone(), time, 1));
-                                counter.add(1);
-                            } else if time >= processed_upto {
-                                waiting.insert((record.clone(), 1), time, arrived, &mut hold, &cap);
-                            } else {
-                                // Late but allowed: added now, out of order. Its window may
-                                // fire later (a timer, the processing-time period), so keep a
-                                // capability; the floor below holds it from then on.
-                                hold.retain(&cap);
-                                add(record.clone(), time, windows, &mut timers, &mut out, &mut touched, arrived);
-                            }
-                        }
-                    }
-                }
-                if !out.is_empty() {
-                    results.session(&cap).give_iterator(out.drain(..));
-                }
-            });
-
+            input.for_each_stamp(|cap, data| op.take_input(state, &cap, data, &mut results, &mut late));
             let watermark = watermark_of(&frontiers[0]);
-            if watermark > processed_upto {
-                // Records and event-time timers in time order; a timer at `t`
-                // fires before records at `t` are added.
-                loop {
-                    let next_record = waiting.first_time().filter(|t| *t < watermark);
-                    let next_timer = timers.first_key_value().map(|(t, _)| *t).filter(|t| *t <= watermark);
-                    match (next_record, next_timer) {
-                        (_, Some(t)) if next_record.is_none_or(|r| t <= r) => {
-                            let (t, due) = timers.pop_first().expect("checked above");
-                            let emit = t.saturating_sub(1);
-                            for k in due {
-                                let Some(w) = windows.get_mut(&k) else {
-                                    continue;
-                                };
-                                if w.timer != Some(t) {
-                                    continue;
-                                }
-                                w.timer = None;
-                                touched.push(k.clone());
-                                let action = trigger.on_event_time(&mut w.trigger, t);
-                                act::<K, D, T, A>(action, &k, w, Window::new(w.start, t), emit, &agg, &mut out);
-                            }
-                            if !out.is_empty() {
-                                results.session(&hold.at_or_after(emit)).give_iterator(out.drain(..));
-                            }
-                        }
-                        (Some(_), _) => {
-                            let (time, mut records, emit_at) =
-                                waiting.pop_before(watermark, &mut hold).expect("checked above");
-                            // Ties in one millisecond in the records' own order, not arrival
-                            // order; a retraction and an insertion of a record cancel out.
-                            consolidate(&mut records);
-                            for (record, net) in records {
-                                if net < 0 {
-                                    if !retract(&record, net, windows, &mut touched) {
-                                        late.session(&hold.at_or_after_on(emit_at, 1)).give((record, time, net));
-                                        counter.add(1);
-                                    }
-                                    continue;
-                                }
-                                for _ in 0..net {
-                                    add(record.clone(), time, windows, &mut timers, &mut out, &mut touched, emit_at);
-                                }
-                            }
-                            if !out.is_empty() {
-                                results.session(&hold.at(emit_at)).give_iterator(out.drain(..));
-                            }
-                        }
-                        _ => break,
-                    }
-                }
-                processed_upto = watermark;
-            }
-
-            if let Some(period) = period {
-                let now = wall_clock_ms();
-                let this_period = now / period * period;
-                let ended = watermark == END_OF_TIME;
-                if this_period > last_period || (ended && !flushed) {
-                    flushed = ended;
-                    // At the end of input the watermark is the end of time: emit at the held time.
-                    let emit = processed_upto
-                        .min(hold.least().unwrap_or(processed_upto))
-                        .min(hold.time().unwrap_or(END_OF_TIME));
-                    let window = Window::new(last_period, this_period.max(last_period + 1));
-                    for (k, w) in windows.iter_mut() {
-                        let mut action = trigger.on_processing_time(&mut w.trigger, this_period);
-                        // The input ends: what changed since the last firing goes out now.
-                        if ended && w.changed && action == TriggerAction::Continue {
-                            action = TriggerAction::Fire;
-                        }
-                        act::<K, D, T, A>(action, k, w, window, emit, &agg, &mut out);
-                    }
-                    if !out.is_empty() {
-                        results.session(&hold.at_or_after(emit)).give_iterator(out.drain(..));
-                    }
-                    out.clear();
-                    last_period = this_period;
-                    // Every window may have been purged: look at all of them, once a period.
-                    windows.retain(|_, w| w.filled || w.timer.is_some() || w.emitted.is_some());
-                }
-                if !ended {
-                    activator.activate_after(std::time::Duration::from_millis(last_period + period - now));
-                }
-            }
-            // Windows left empty (purged, no timer, nothing to retract) are forgotten.
-            for k in touched.drain(..) {
-                if windows.get(&k).is_some_and(|w| !(w.filled || w.timer.is_some() || w.emitted.is_some())) {
-                    windows.remove(&k);
-                }
-            }
-            // Processing-time firings may come at any moment: hold the watermark while windows exist.
-            let floor = (period.is_some() && !windows.is_empty() || !timers.is_empty())
-                .then_some(processed_upto)
-                .filter(|t| *t < END_OF_TIME);
-            hold.settle(floor);
+            op.advance(state, watermark, &mut results, &mut late);
+            op.fire_processing_time(&mut state.windows, watermark, &mut results);
+            op.forget_empty(&mut state.windows);
+            op.settle(&state.windows);
             // The waiting records' keys are taken here (key functions need not be `Send`).
-            managed.checkpoint_with(watermark, |st| (st.waiting.keys(|(d, _)| key(d)), last_period));
+            managed.checkpoint_with(watermark, |st| (st.waiting.keys(|(d, _)| (op.key)(d)), op.last_period));
         }
     });
 
     windowed
+}
+
+impl<Acc, S: Default, O> KeyWindow<Acc, S, O> {
+    /// An empty window whose accumulator is `acc`, starting at `start`.
+    fn new(acc: Acc, start: Timestamp) -> Self {
+        KeyWindow { acc, trigger: S::default(), start, filled: false, changed: false, emitted: None, timer: None }
+    }
+}
+
+/// A global window operator's own part, besides its checkpointed
+/// [`GlobalState`]: its functions, the keys' event-time timers, the hold on
+/// its outputs and its processing-time clock. Each activation takes the
+/// records in ([`take_input`](Self::take_input)), advances to the watermark
+/// ([`advance`](Self::advance): waiting records and event-time timers in time
+/// order), fires the processing-time trigger when a period ends
+/// ([`fire_processing_time`](Self::fire_processing_time)), forgets the windows
+/// left empty and settles the hold.
+struct GlobalOperator<K, D, KF, T, A: Aggregate<D>> {
+    key: Rc<KF>,
+    trigger: T,
+    agg: A,
+    lateness: AllowedLateness,
+    counter: Counter,
+    /// The trigger's processing-time period, if it has one.
+    period: Option<u64>,
+    /// Wakes the operator up at the end of a processing-time period.
+    activator: Activator,
+    /// The keys whose window has an event-time timer, by time.
+    timers: BTreeMap<Timestamp, Vec<K>>,
+    hold: Hold,
+    /// The watermark up to which waiting records and timers have been taken.
+    processed_upto: Timestamp,
+    /// The start of the current processing-time period.
+    last_period: u64,
+    /// The processing-time firing at the end of input has happened.
+    flushed: bool,
+    /// Results to emit under the capability of the step that made them.
+    out: Vec<Update<WindowResult<K, A::Output>>>,
+    /// Keys whose windows changed in this activation (and may now be empty).
+    touched: Vec<K>,
+    _records: PhantomData<fn(&D)>,
+}
+
+impl<K, D, KF, T, A> GlobalOperator<K, D, KF, T, A>
+where
+    K: Key,
+    D: Data + Ord,
+    KF: Fn(&D) -> K,
+    T: Trigger<D>,
+    A: Aggregate<D>,
+{
+    /// Recovery: each key's window with its trigger state and timer, its
+    /// records waiting for the watermark, and the last processing-time
+    /// period, as checkpointed at `time`.
+    fn restore(
+        &mut self,
+        GlobalState { windows, waiting }: &mut GlobalState<K, KeyWindowOf<D, T, A>, D>,
+        time: Timestamp,
+        entries: &mut RestoredEntries<GlobalState<K, KeyWindowOf<D, T, A>, D>>,
+        initial: &[Capability<Timestamp>],
+    ) {
+        self.processed_upto = time;
+        // A final checkpoint is taken after the end-of-input firing.
+        self.flushed = time == END_OF_TIME;
+        let mut restored_period = None::<u64>;
+        // Sized at once: entries come in the old map's hash order (see the aligned windows).
+        windows.reserve(entries.len());
+        entries.for_each(|(k, window, held, period)| {
+            restored_period = restored_period.max(Some(period));
+            for (t, record) in held {
+                waiting.restore(record, t, time, &mut self.hold, initial);
+            }
+            if let Some(w) = window {
+                if let Some(at) = w.timer {
+                    self.timers.entry(at).or_default().push(k.clone());
+                }
+                windows.insert(k, w);
+            }
+        });
+        if self.period.is_some() {
+            self.last_period = restored_period.unwrap_or(self.last_period);
+        }
+        // Timers and processing-time firings emit under a capability held at
+        // the watermark (the floor below): take it back at the cut.
+        if time < END_OF_TIME && (!self.timers.is_empty() || self.period.is_some() && !windows.is_empty()) {
+            self.hold.restore(time, initial);
+            self.hold.remove(time);
+        }
+    }
+
+    /// Adds a record to its key's window and runs the trigger; what fires
+    /// goes out at `emit_time`.
+    fn add(
+        &mut self,
+        windows: &mut StateMap<K, KeyWindowOf<D, T, A>>,
+        record: D,
+        time: Timestamp,
+        emit_time: Timestamp,
+    ) {
+        let k = (self.key)(&record);
+        self.touched.push(k.clone());
+        let w = windows.entry(k.clone()).or_insert_with(|| KeyWindow::new(self.agg.init(), time));
+        if !w.filled {
+            w.filled = true;
+            w.start = time;
+        }
+        w.changed = true;
+        self.agg.update(&mut w.acc, &record, 1);
+        let action = self.trigger.on_record(&mut w.trigger, &record, time);
+        act::<K, D, T, A>(action, &k, w, Window::new(w.start, time + 1), emit_time, &self.agg, &mut self.out);
+        if let Some(at) = self.trigger.next_event_time(&w.trigger, time) {
+            if w.timer.is_none_or(|t| at < t) && at > self.processed_upto {
+                w.timer = Some(at);
+                self.timers.entry(at).or_default().push(k);
+            }
+        }
+    }
+
+    /// Takes a record out of its key's window (the trigger sees insertions
+    /// only); `false` if the key's window holds no records (none yet, or
+    /// none since it was purged) to take it from.
+    fn retract(&mut self, windows: &mut StateMap<K, KeyWindowOf<D, T, A>>, record: &D, diff: Diff) -> bool {
+        let k = (self.key)(record);
+        let Some(w) = windows.get_mut(&k).filter(|w| w.filled) else { return false };
+        self.agg.update(&mut w.acc, record, diff);
+        w.changed = true;
+        self.touched.push(k);
+        true
+    }
+
+    /// Takes in the records of one stamp (`cap`): a record the watermark has
+    /// not passed waits for it; a later one within the allowed lateness is
+    /// added (or retracted) at once; later ones go to the late output.
+    fn take_input(
+        &mut self,
+        GlobalState { windows, waiting }: &mut GlobalState<K, KeyWindowOf<D, T, A>, D>,
+        cap: &InputCapability<Timestamp>,
+        data: IterMut<'_, Vec<Update<D>>>,
+        results: &mut ActiveOutput<'_, WindowResult<K, A::Output>>,
+        late: &mut ActiveOutput<'_, D>,
+    ) {
+        let arrived = arrival_time(cap);
+        for batch in data {
+            for (record, time, diff) in batch.drain(..) {
+                if diff <= 0 {
+                    if diff == 0 {
+                        continue;
+                    }
+                    if self.lateness.release_at(time.saturating_add(1)) <= arrived {
+                        late.session(cap).give((record, time, diff));
+                        self.counter.add(1);
+                    } else if time >= self.processed_upto {
+                        waiting.insert((record, diff), time, arrived, &mut self.hold, cap);
+                    } else if !self.retract(windows, &record, diff) {
+                        late.session(cap).give((record, time, diff));
+                        self.counter.add(1);
+                    }
+                    continue;
+                }
+                for _ in 0..diff {
+                    if self.lateness.release_at(time.saturating_add(1)) <= arrived {
+                        late.session(cap).give((record.clone(), time, 1));
+                        self.counter.add(1);
+                    } else if time >= self.processed_upto {
+                        waiting.insert((record.clone(), 1), time, arrived, &mut self.hold, cap);
+                    } else {
+                        // Late but allowed: added now, out of order. Its window may
+                        // fire later (a timer, the processing-time period), so keep a
+                        // capability; the floor below holds it from then on.
+                        self.hold.retain(cap);
+                        self.add(windows, record.clone(), time, arrived);
+                    }
+                }
+            }
+        }
+        if !self.out.is_empty() {
+            results.session(cap).give_iterator(self.out.drain(..));
+        }
+    }
+
+    /// Takes the waiting records and event-time timers the watermark has
+    /// passed, in time order; a timer at `t` fires before records at `t` are
+    /// added.
+    fn advance(
+        &mut self,
+        state: &mut GlobalState<K, KeyWindowOf<D, T, A>, D>,
+        watermark: Timestamp,
+        results: &mut ActiveOutput<'_, WindowResult<K, A::Output>>,
+        late: &mut ActiveOutput<'_, D>,
+    ) {
+        if watermark <= self.processed_upto {
+            return;
+        }
+        loop {
+            let next_record = state.waiting.first_time().filter(|t| *t < watermark);
+            let next_timer = self.timers.first_key_value().map(|(t, _)| *t).filter(|t| *t <= watermark);
+            match (next_record, next_timer) {
+                (_, Some(t)) if next_record.is_none_or(|r| t <= r) => {
+                    self.fire_event_time(&mut state.windows, results);
+                }
+                (Some(_), _) => self.add_waiting(state, watermark, results, late),
+                _ => break,
+            }
+        }
+        self.processed_upto = watermark;
+    }
+
+    /// Fires the earliest event-time timers (all at one time).
+    fn fire_event_time(
+        &mut self,
+        windows: &mut StateMap<K, KeyWindowOf<D, T, A>>,
+        results: &mut ActiveOutput<'_, WindowResult<K, A::Output>>,
+    ) {
+        let (t, due) = self.timers.pop_first().expect("checked above");
+        let emit = t.saturating_sub(1);
+        for k in due {
+            let Some(w) = windows.get_mut(&k) else {
+                continue;
+            };
+            if w.timer != Some(t) {
+                continue;
+            }
+            w.timer = None;
+            self.touched.push(k.clone());
+            let action = self.trigger.on_event_time(&mut w.trigger, t);
+            act::<K, D, T, A>(action, &k, w, Window::new(w.start, t), emit, &self.agg, &mut self.out);
+        }
+        if !self.out.is_empty() {
+            results.session(&self.hold.at_or_after(emit)).give_iterator(self.out.drain(..));
+        }
+    }
+
+    /// Adds (or retracts) the earliest waiting records below `watermark`
+    /// (all at one time).
+    fn add_waiting(
+        &mut self,
+        GlobalState { windows, waiting }: &mut GlobalState<K, KeyWindowOf<D, T, A>, D>,
+        watermark: Timestamp,
+        results: &mut ActiveOutput<'_, WindowResult<K, A::Output>>,
+        late: &mut ActiveOutput<'_, D>,
+    ) {
+        let (time, mut records, emit_at) = waiting.pop_before(watermark, &mut self.hold).expect("checked above");
+        // Ties in one millisecond in the records' own order, not arrival
+        // order; a retraction and an insertion of a record cancel out.
+        consolidate(&mut records);
+        for (record, net) in records {
+            if net < 0 {
+                if !self.retract(windows, &record, net) {
+                    late.session(&self.hold.at_or_after_on(emit_at, 1)).give((record, time, net));
+                    self.counter.add(1);
+                }
+                continue;
+            }
+            for _ in 0..net {
+                self.add(windows, record.clone(), time, emit_at);
+            }
+        }
+        if !self.out.is_empty() {
+            results.session(&self.hold.at(emit_at)).give_iterator(self.out.drain(..));
+        }
+    }
+
+    /// With a processing-time trigger: fires every window once a period has
+    /// ended (or the input has), and asks to be woken up at the end of the
+    /// next one.
+    fn fire_processing_time(
+        &mut self,
+        windows: &mut StateMap<K, KeyWindowOf<D, T, A>>,
+        watermark: Timestamp,
+        results: &mut ActiveOutput<'_, WindowResult<K, A::Output>>,
+    ) {
+        let Some(period) = self.period else { return };
+        let now = wall_clock_ms();
+        let this_period = now / period * period;
+        let ended = watermark == END_OF_TIME;
+        if this_period > self.last_period || (ended && !self.flushed) {
+            self.flushed = ended;
+            // At the end of input the watermark is the end of time: emit at the held time.
+            let emit = self
+                .processed_upto
+                .min(self.hold.least().unwrap_or(self.processed_upto))
+                .min(self.hold.time().unwrap_or(END_OF_TIME));
+            let window = Window::new(self.last_period, this_period.max(self.last_period + 1));
+            for (k, w) in windows.iter_mut() {
+                let mut action = self.trigger.on_processing_time(&mut w.trigger, this_period);
+                // The input ends: what changed since the last firing goes out now.
+                if ended && w.changed && action == TriggerAction::Continue {
+                    action = TriggerAction::Fire;
+                }
+                act::<K, D, T, A>(action, k, w, window, emit, &self.agg, &mut self.out);
+            }
+            if !self.out.is_empty() {
+                results.session(&self.hold.at_or_after(emit)).give_iterator(self.out.drain(..));
+            }
+            self.out.clear();
+            self.last_period = this_period;
+            // Every window may have been purged: look at all of them, once a period.
+            windows.retain(|_, w| w.filled || w.timer.is_some() || w.emitted.is_some());
+        }
+        if !ended {
+            self.activator.activate_after(std::time::Duration::from_millis(self.last_period + period - now));
+        }
+    }
+
+    /// Forgets the windows this activation left empty (purged, no timer,
+    /// nothing to retract).
+    fn forget_empty(&mut self, windows: &mut StateMap<K, KeyWindowOf<D, T, A>>) {
+        for k in self.touched.drain(..) {
+            if windows.get(&k).is_some_and(|w| !(w.filled || w.timer.is_some() || w.emitted.is_some())) {
+                windows.remove(&k);
+            }
+        }
+    }
+
+    /// Settles the hold: processing-time firings may come at any moment, so
+    /// the watermark is held while windows exist (and while timers are set).
+    fn settle(&mut self, windows: &StateMap<K, KeyWindowOf<D, T, A>>) {
+        let floor = (self.period.is_some() && !windows.is_empty() || !self.timers.is_empty())
+            .then_some(self.processed_upto)
+            .filter(|t| *t < END_OF_TIME);
+        self.hold.settle(floor);
+    }
 }

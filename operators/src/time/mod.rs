@@ -1,4 +1,6 @@
-//! Event time: timestamps, durations and the allowed lateness of an operator.
+//! Event time: timestamps, durations and the allowed lateness of an
+//! operator; at the edges of a dataflow, the watermark strategies of sources
+//! and human-readable durations for configuration.
 //!
 //! A highwater timestamp is event time in milliseconds since the Unix epoch.
 //! Timely's frontier *is* the watermark: when the frontier of an operator's
@@ -6,6 +8,21 @@
 //! `t`. Every record also carries its own event time (see
 //! [`EventStream`](crate::EventStream)), which is below its timely time exactly
 //! when the record was late where it was read.
+//!
+//! The operators' view of time is [`Timestamp`], [`Diff`], [`END_OF_TIME`],
+//! [`DurationExt`], [`AllowedLateness`] and [`watermark_of`]. At the edges,
+//! a source partition turns the event times it reads into a watermark with a
+//! [`WatermarkStrategy`] ([`PartitionWatermark`]), and configuration writes
+//! durations as `4s` or `250ms` ([`parse_duration`], [`Millis`]). The
+//! `highwater` crate re-exports this module as `highwater::time`.
+
+// The operators' time is here; watermark strategies are in `watermark.rs`,
+// durations in text in `duration.rs`.
+mod duration;
+mod watermark;
+
+pub use duration::{parse_duration, DurationError, Millis};
+pub use watermark::{CustomWatermark, PartitionWatermark, WatermarkStrategy};
 
 use serde::{Deserialize, Serialize};
 

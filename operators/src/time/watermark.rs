@@ -38,7 +38,7 @@ pub enum WatermarkStrategy {
 /// The function of a [`WatermarkStrategy::Custom`].
 ///
 /// ```
-/// use highwater::time::{CustomWatermark, WatermarkStrategy};
+/// use highwater_operators::time::{CustomWatermark, WatermarkStrategy};
 /// // Bounded out-of-orderness, but never ahead of a fixed cut-over time.
 /// let strategy = WatermarkStrategy::Custom(CustomWatermark::new(|max| max.map_or(0, |m| m.saturating_sub(500).min(10_000))));
 /// assert_eq!(strategy.watermark(Some(2_000)), 1_500);

@@ -18,7 +18,7 @@ pub struct DurationError {
 ///
 /// # Examples
 /// ```
-/// use highwater::time::parse_duration;
+/// use highwater_operators::time::parse_duration;
 /// assert_eq!(parse_duration("4s"), Ok(4_000));
 /// assert_eq!(parse_duration("250ms"), Ok(250));
 /// assert!(parse_duration("four seconds").is_err());

@@ -1,0 +1,351 @@
+//! Tables: the current state of a keyed changelog, built from upserts, read
+//! back as a changelog, served to queries by key, and joined.
+//!
+//! A [`Table`] is a changelog of `(key, value)` updates in which every key has
+//! at most one value at every event time: an upsert of a new value retracts
+//! the old one at the upsert's time, a delete retracts the value. Summing the
+//! changelog's updates with times up to `T` gives the table *as of* `T`. The
+//! changelog is what flows; [`Table::as_collection`] and [`Table::arrange`]
+//! give the same table as a differential collection and arrangement, which is
+//! what the table–table joins ([`Table::join`], [`Table::left_join`],
+//! [`Table::full_join`]) are built on.
+//!
+//! Stream–table joins look the table up *as of each event's time*
+//! ([`EventStream::join_as_of`], [`EventStream::left_join_as_of`]), or keep
+//! every result up to date with the table ([`EventStream::join_updating`]).
+//!
+//! # Examples
+//! ```
+//! use highwater_operators::prelude::*;
+//! use timely::dataflow::operators::ToStream;
+//! use timely::dataflow::operators::capture::{Capture, Extract};
+//!
+//! let captured = timely::example(|scope| {
+//!     // User 1 is "gold" from t=0, "silver" from t=50; user 2 joins at t=20 and leaves at t=60.
+//!     let tier = |name: &str| Some(name.to_string());
+//!     let upserts = vec![
+//!         ((1u64, tier("gold")), 0u64, 1i64),
+//!         ((2, tier("new")), 20, 1),
+//!         ((1, tier("silver")), 50, 1),
+//!         ((2, None), 60, 1),
+//!     ];
+//!     let table = EventStream::new(upserts.to_stream(scope)).upsert(0).table;
+//!     let clicks = EventStream::new(vec![(1u64, 10u64, 1i64), (2, 30, 1), (1, 55, 1), (2, 70, 1)].to_stream(scope));
+//!     clicks.left_join_as_of(&table, |user| *user, 0).results.inner.capture()
+//! });
+//! let mut out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).collect();
+//! out.sort();
+//! let tier = |name: &str| Some(name.to_string());
+//! assert_eq!(out, vec![
+//!     ((1, tier("gold")), 10, 1),
+//!     ((1, tier("silver")), 55, 1),
+//!     ((2, None), 70, 1),
+//!     ((2, tier("new")), 30, 1),
+//! ]);
+//! ```
+
+// The table type and its upsert operator are here; serving a table to
+// queries, the as-of (temporal) joins and the differential joins each have
+// their own file.
+mod as_of;
+mod join;
+mod serve;
+
+pub use as_of::AsOfJoined;
+pub use join::{FullJoined, LeftJoined};
+pub use serve::TableReader;
+
+use std::collections::BTreeMap;
+
+use differential_dataflow::operators::arrange::{Arranged, TraceAgent};
+use differential_dataflow::trace::implementations::ValSpine;
+use differential_dataflow::VecCollection;
+use smallvec::SmallVec;
+
+use crate::key::{route, Data, Key, StateMap};
+use crate::late::{Counter, LateOutput};
+use crate::state::{OperatorState, Schema, Snapshot, Stateful};
+use crate::stream::{EventStream, Update};
+use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
+
+/// A table: a changelog of `(key, value)` updates with at most one value per
+/// key at any event time, partitioned over the workers by key.
+///
+/// Make one with [`EventStream::upsert`] (from upserts and deletes) or
+/// [`Table::from_changelog`] (from a changelog that already is one).
+#[derive(Debug)]
+pub struct Table<'scope, K: 'static, V: 'static> {
+    changelog: EventStream<'scope, (K, V)>,
+}
+
+impl<K: Key, V: Data> Clone for Table<'_, K, V> {
+    fn clone(&self) -> Self {
+        Table { changelog: EventStream::new(self.changelog.inner.clone()) }
+    }
+}
+
+/// The outputs of [`EventStream::upsert`].
+#[derive(Debug)]
+pub struct Upserted<'scope, K: 'static, V: 'static> {
+    /// The table.
+    pub table: Table<'scope, K, V>,
+    /// Upserts that came later than the allowed lateness.
+    pub late: LateOutput<'scope, (K, Option<V>)>,
+}
+
+/// The values of one key from each of its upserts' times on, in time order,
+/// and the time a compaction is scheduled for (`Timestamp::MAX`: none).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct History<V> {
+    versions: SmallVec<[(Timestamp, Option<V>); 1]>,
+    scheduled: Timestamp,
+}
+
+impl<V> History<V> {
+    /// The time from which the first version can be forgotten: once no record
+    /// can arrive before `time`, the versions before it are unreachable.
+    fn compact_from(&self) -> Option<Timestamp> {
+        match self.versions.as_slice() {
+            [] => None,
+            [(t, None), ..] => Some(*t),
+            [_, (t, _), ..] => Some(*t),
+            [_] => None,
+        }
+    }
+
+    /// Forgets what no query at or after `horizon` can see; whether the
+    /// history is now empty.
+    fn compact(&mut self, horizon: Timestamp) -> bool {
+        let keep_from = self.versions.partition_point(|(t, _)| *t <= horizon).saturating_sub(1);
+        self.versions.drain(..keep_from);
+        if matches!(self.versions.first(), Some((t, None)) if *t <= horizon) {
+            self.versions.remove(0);
+        }
+        self.versions.is_empty()
+    }
+}
+
+impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
+    /// Builds a table from upserts: `(key, Some(value))` sets the key's value
+    /// from the record's event time on, `(key, None)` deletes it.
+    ///
+    /// Upserts are applied in event-time order whatever order they arrive in
+    /// (of two at the same time, the one that arrives later wins): an upsert
+    /// older than one already applied changes the table only until the newer
+    /// one, and the changelog says so with updates at both times. An upsert
+    /// with a negative diff undoes an equal upsert at the same time. Upserts
+    /// that arrive after their time plus `allowed_lateness` go to the late
+    /// output. A key's history is kept only as far back as a record can still
+    /// arrive, and a deleted key is forgotten, so the state is the table itself.
+    ///
+    /// With checkpoints on, a checkpoint holds each key's history; the
+    /// changelog before the cut is not emitted again on recovery.
+    ///
+    /// # Examples
+    /// ```
+    /// use highwater_operators::prelude::*;
+    /// use timely::dataflow::operators::ToStream;
+    /// use timely::dataflow::operators::capture::{Capture, Extract};
+    ///
+    /// let captured = timely::example(|scope| {
+    ///     // The update at 30 arrives before the insert at 10.
+    ///     let upserts = vec![((7u32, Some('b')), 30u64, 1i64), ((7, Some('a')), 10, 1), ((7, None), 40, 1)];
+    ///     EventStream::new(upserts.to_stream(scope)).upsert(0).table.changelog().inner.capture()
+    /// });
+    /// let mut log: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).collect();
+    /// log.sort_by_key(|(kv, t, d)| (*t, *d, *kv));
+    /// // Consolidated: 'a' from 10, 'b' from 30, nothing from 40.
+    /// let mut net = std::collections::BTreeMap::new();
+    /// for (kv, t, d) in log { *net.entry((t, kv)).or_insert(0) += d; }
+    /// net.retain(|_, d| *d != 0);
+    /// assert_eq!(net.into_iter().collect::<Vec<_>>(), vec![
+    ///     ((10, (7, 'a')), 1), ((30, (7, 'a')), -1), ((30, (7, 'b')), 1), ((40, (7, 'b')), -1),
+    /// ]);
+    /// ```
+    pub fn upsert(&self, allowed_lateness: u64) -> Upserted<'scope, K, V> {
+        let lateness = AllowedLateness(allowed_lateness);
+        let stateful = Stateful::<Upserts<K, V>>::new("Upsert", &self.scope());
+        let gated = stateful.keyed_input(self, |u: &Update<(K, Option<V>)>| route(&(u.0).0));
+        let mut builder = stateful.builder(&self.scope());
+        let mut input = builder.input(gated);
+        let (mut log_out, log) = builder.output::<(K, V)>();
+        let (mut late_out, late) = builder.output::<(K, Option<V>)>();
+        let count = Counter::new();
+        let counter = count.clone();
+
+        builder.build(move |_caps, mut managed| {
+            let mut due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
+            // Recovery: each key's history, and its compaction schedule. The
+            // changelog up to the cut went out before it: nothing is owed.
+            managed.restore(|Upserts(tables), _time, entries| {
+                tables.reserve(entries.len());
+                entries.for_each(|(k, history)| {
+                    if history.scheduled != Timestamp::MAX {
+                        due.entry(history.scheduled).or_default().push(k.clone());
+                    }
+                    tables.insert(k, history);
+                });
+            });
+            move |frontiers| {
+                // While a background thread snapshots the histories, nothing is
+                // done (the compaction schedule stays here).
+                if !managed.home() {
+                    return;
+                }
+                let Upserts(tables) = managed.get();
+                let mut log = log_out.activate();
+                let mut late = late_out.activate();
+                input.for_each_stamp(|cap, data| {
+                    let arrived = arrival_time(&cap);
+                    let mut session = log.session(&cap);
+                    for batch in data {
+                        for ((k, v), time, diff) in batch.drain(..) {
+                            if lateness.release_at(time.saturating_add(1)) <= arrived {
+                                late.session(&cap).give(((k, v), time, diff));
+                                counter.add(1);
+                                continue;
+                            }
+                            if diff == 0 {
+                                continue;
+                            }
+                            let history = if diff > 0 {
+                                tables
+                                    .entry(k.clone())
+                                    .or_insert_with(|| History { versions: SmallVec::new(), scheduled: Timestamp::MAX })
+                            } else {
+                                // An undo of an upsert this key does not hold changes nothing.
+                                match tables.get_mut(&k) {
+                                    Some(history) => history,
+                                    None => continue,
+                                }
+                            };
+                            let versions = &mut history.versions;
+                            let at = versions.partition_point(|(t, _)| *t <= time);
+                            let exact = at > 0 && versions[at - 1].0 == time;
+                            // The value on [time, next) before and after this upsert.
+                            let (old, new, next) = if diff > 0 {
+                                let old = if exact {
+                                    std::mem::replace(&mut versions[at - 1].1, v.clone())
+                                } else {
+                                    let old = at.checked_sub(1).and_then(|i| versions[i].1.clone());
+                                    versions.insert(at, (time, v.clone()));
+                                    old
+                                };
+                                let next = versions.get(if exact { at } else { at + 1 }).map(|(t, _)| *t);
+                                (old, v, next)
+                            } else if exact && versions[at - 1].1 == v {
+                                versions.remove(at - 1);
+                                let before = (at >= 2).then(|| versions[at - 2].1.clone()).flatten();
+                                (v, before, versions.get(at - 1).map(|(t, _)| *t))
+                            } else {
+                                continue;
+                            };
+                            if old != new {
+                                let mut change = |value: Option<V>, t: Timestamp, d: Diff| {
+                                    if let Some(value) = value {
+                                        session.give(((k.clone(), value), t, d));
+                                    }
+                                };
+                                change(old.clone(), time, -1);
+                                change(new.clone(), time, 1);
+                                if let Some(next) = next {
+                                    change(new, next, -1);
+                                    change(old, next, 1);
+                                }
+                            }
+                            match history.compact_from() {
+                                Some(from) if lateness.release_at(from.saturating_add(1)) < history.scheduled => {
+                                    history.scheduled = lateness.release_at(from.saturating_add(1));
+                                    due.entry(history.scheduled).or_default().push(k);
+                                }
+                                None if history.versions.is_empty() => {
+                                    tables.remove(&k);
+                                }
+                                _ => {}
+                            }
+                        }
+                    }
+                });
+
+                // Compaction: versions no record can reach any more.
+                let watermark = watermark_of(&frontiers[0]);
+                // A record at `watermark - lateness` is still accepted, and an undo
+                // there needs the version before it: keep the latest one before.
+                let horizon = watermark.saturating_sub(lateness.0).saturating_sub(1);
+                while let Some(entry) = due.first_entry() {
+                    if *entry.key() > watermark || watermark == END_OF_TIME {
+                        break;
+                    }
+                    let (time, keys) = entry.remove_entry();
+                    for k in keys {
+                        let Some(history) = tables.get_mut(&k) else { continue };
+                        if history.scheduled != time {
+                            continue;
+                        }
+                        history.scheduled = Timestamp::MAX;
+                        if history.compact(horizon) {
+                            tables.remove(&k);
+                        } else if let Some(from) = history.compact_from() {
+                            history.scheduled = lateness.release_at(from.saturating_add(1)).max(time.saturating_add(1));
+                            due.entry(history.scheduled).or_default().push(k);
+                        }
+                    }
+                }
+                managed.checkpoint(watermark, ());
+            }
+        });
+        Upserted { table: Table { changelog: log }, late: LateOutput { stream: late, count } }
+    }
+}
+
+impl<'scope, K: Key, V: Data> Table<'scope, K, V> {
+    /// A table from a changelog that already is one (at most one value per key
+    /// at any time, e.g. the result of a differential `reduce`). The updates
+    /// are moved to the workers that own their keys.
+    pub fn from_changelog(changelog: &EventStream<'scope, (K, V)>) -> Self {
+        Table { changelog: changelog.exchange(|(k, _)| k.clone()) }
+    }
+
+    /// The table as a changelog stream: `+(key, value)` when a value is set,
+    /// `-(key, value)` when it is replaced or deleted, each at its event time.
+    pub fn changelog(&self) -> EventStream<'scope, (K, V)> {
+        self.changelog.clone()
+    }
+}
+
+impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
+    /// The table as a differential collection (see
+    /// [`EventStream::as_collection`] for its times).
+    pub fn as_collection(&self) -> VecCollection<'scope, Timestamp, (K, V), Diff> {
+        self.changelog.as_collection()
+    }
+
+    /// The table as a differential arrangement by key, shareable by any number
+    /// of differential joins and reductions.
+    pub fn arrange(&self) -> Arranged<'scope, TraceAgent<ValSpine<K, V, Timestamp, Diff>>> {
+        self.as_collection().arrange_by_key_named("ArrangeTable")
+    }
+}
+
+/// A key's upserts in an upsert table's state.
+struct Upserts<K, V>(StateMap<K, History<V>>);
+
+impl<K, V> Default for Upserts<K, V> {
+    fn default() -> Self {
+        Upserts(StateMap::default())
+    }
+}
+
+impl<K: Key, V: Data> OperatorState for Upserts<K, V> {
+    const SCHEMA: Schema = Schema::new("table.upsert", 1);
+    /// A key and its history.
+    type Entry = (K, History<V>);
+    type Prepared = ();
+
+    fn snapshot(&self, (): (), out: &mut Snapshot) {
+        out.reserve(self.0.len());
+        for (k, h) in self.0.iter() {
+            out.push(route(k), &(k, h));
+        }
+    }
+}

@@ -16,12 +16,12 @@
 mod decode;
 mod file;
 mod memory;
-mod operator;
+mod read;
 
 pub use decode::{Decode, DecodeError, JsonDecoder};
 pub use file::{JsonLines, JsonLinesReader, DEFAULT_BLOCK_SIZE};
 pub use memory::MemorySource;
-pub use operator::{
+pub use read::{
     read, run_until_failed, RetryPolicy, SourceFailed, SourceMetrics, SourceOptions, SourceStreams, WatermarkBoard,
 };
 

@@ -1,0 +1,89 @@
+//! How a source is read: [`SourceOptions`] and the [`RetryPolicy`] for errors
+//! that may go away.
+
+use std::time::Duration;
+
+use super::WatermarkBoard;
+use crate::source::Offset;
+use crate::time::WatermarkStrategy;
+
+/// How a source is read.
+#[derive(Clone, Debug)]
+pub struct SourceOptions {
+    /// Operator name, also used in logs.
+    pub name: String,
+    /// Per-partition watermark strategy.
+    pub watermark: WatermarkStrategy,
+    /// A partition with no records for this long stops holding the watermark.
+    pub idle_timeout: Option<Duration>,
+    /// Records per read call; the partition's watermark advances between calls.
+    pub batch_size: usize,
+    /// Records read but not yet past the probe (the sinks' frontier) above which
+    /// the source pauses; see [`read`].
+    pub max_in_flight: usize,
+    /// Offsets to start partitions from (by partition index), e.g. on recovery.
+    pub start_offsets: Vec<(usize, Offset)>,
+    /// Where the workers of a process post their watermarks, so that a worker
+    /// whose partitions are all idle follows the others instead of holding the
+    /// watermark back. Shared by cloning: make the options once, outside
+    /// `timely::execute`. Across processes nothing is shared: a process whose
+    /// partitions are all idle holds the watermark at the highest it reached
+    /// until they resume or end.
+    pub board: WatermarkBoard,
+    /// How errors that may go away (timeouts, interruptions) are retried
+    /// before the source fails.
+    pub retry: RetryPolicy,
+}
+
+/// How a source retries a partition's read after an error that may go away
+/// ([`SourceError::is_retryable`](crate::source::SourceError::is_retryable)):
+/// after `initial_backoff`, then twice as long each time up to `max_backoff`,
+/// at most `attempts` times in a row; then the source fails, as on any other
+/// error.
+///
+/// ```
+/// use std::time::Duration;
+/// let retry = highwater::source::RetryPolicy::default();
+/// assert_eq!(retry.backoff(1), Duration::from_millis(100));
+/// assert_eq!(retry.backoff(3), Duration::from_millis(400));
+/// assert_eq!(retry.backoff(30), Duration::from_secs(10));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Retries in a row before the source fails.
+    pub attempts: u32,
+    /// The wait before the first retry.
+    pub initial_backoff: Duration,
+    /// The longest wait between two retries.
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// 10 retries, from 100 ms up to 10 s apart (about 40 s in all).
+    fn default() -> Self {
+        RetryPolicy { attempts: 10, initial_backoff: Duration::from_millis(100), max_backoff: Duration::from_secs(10) }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before retry number `attempt` (from 1).
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let doubled = self.initial_backoff.saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
+        doubled.min(self.max_backoff)
+    }
+}
+
+impl Default for SourceOptions {
+    fn default() -> Self {
+        SourceOptions {
+            name: "Source".to_owned(),
+            watermark: WatermarkStrategy::default(),
+            idle_timeout: Some(Duration::from_secs(5)),
+            batch_size: 4096,
+            max_in_flight: 100_000,
+            start_offsets: Vec::new(),
+            board: WatermarkBoard::default(),
+            retry: RetryPolicy::default(),
+        }
+    }
+}

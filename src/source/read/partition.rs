@@ -1,0 +1,186 @@
+//! One partition as the source operator reads it: its reader, watermark and
+//! idleness, retries after errors that may go away, and (with checkpoints)
+//! where it stood before each new output time.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use highwater_operators::{Timestamp, Update};
+
+use super::SourceOptions;
+use crate::checkpoint::PartitionState;
+use crate::dead_letter::DeadLetter;
+use crate::source::{Offset, PartitionReader, ReadStatus};
+use crate::time::PartitionWatermark;
+
+pub(super) struct Partition<R> {
+    pub(super) index: usize,
+    pub(super) reader: R,
+    pub(super) watermark: PartitionWatermark,
+    pub(super) idle: bool,
+    /// The offset it was opened at.
+    from: Option<Offset>,
+    /// Whether it has returned records since.
+    read_any: bool,
+    /// With checkpoints: where the partition stood before the first batch it
+    /// emitted at each new output time, since the last cut.
+    pub(super) log: VecDeque<Mark>,
+    pub(super) done: bool,
+    /// Failed for good: read no more, and hold the watermark where it is.
+    pub(super) failed: bool,
+    /// Retryable errors in a row, and when to try again.
+    retries: u32,
+    retry_at: Option<Instant>,
+}
+
+/// A partition's position and watermark before a batch emitted at `emit_at`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Mark {
+    pub(super) emit_at: Timestamp,
+    offset: Option<Offset>,
+    max_seen: Option<Timestamp>,
+    floor: Timestamp,
+}
+
+/// What one read call of a partition gave (its records and dead letters are
+/// in the buffers it was handed).
+pub(super) struct Batch {
+    /// What the reader said; [`ReadStatus::Idle`] after an error.
+    pub(super) status: ReadStatus,
+    /// The greatest event time of the batch's records (0 if none).
+    pub(super) max_time: Timestamp,
+    /// Records whose event time is below the time the batch goes out at.
+    pub(super) late: u64,
+    /// The error the partition failed with for good in this call, worded for
+    /// the job's report (the records read before it are in the buffers).
+    pub(super) failure: Option<String>,
+}
+
+impl<R: PartitionReader> Partition<R> {
+    /// Partition `index`, opened at `from`.
+    pub(super) fn new(index: usize, reader: R, watermark: PartitionWatermark, from: Option<Offset>) -> Self {
+        Partition {
+            index,
+            reader,
+            watermark,
+            idle: false,
+            from,
+            read_any: false,
+            log: VecDeque::new(),
+            done: false,
+            failed: false,
+            retries: 0,
+            retry_at: None,
+        }
+    }
+
+    /// Where the partition stands now.
+    pub(super) fn mark(&self, emit_at: Timestamp) -> Mark {
+        Mark {
+            emit_at,
+            offset: if self.read_any { Some(self.reader.offset()) } else { self.from },
+            max_seen: self.watermark.max_seen(),
+            floor: self.watermark.floor(),
+        }
+    }
+
+    /// The partition at the cut at `time`: as it stood before its first batch
+    /// emitted at or after `time`, or as it stands now if there was none.
+    pub(super) fn at_cut(&self, time: Timestamp) -> PartitionState {
+        let (mark, done) = match self.log.iter().find(|m| m.emit_at >= time) {
+            Some(m) => (*m, false),
+            None => (self.mark(time), self.done),
+        };
+        PartitionState { partition: self.index, offset: mark.offset, max_seen: mark.max_seen, floor: mark.floor, done }
+    }
+
+    /// Forgets the positions before `time` (no later cut needs them).
+    pub(super) fn trim(&mut self, time: Timestamp) {
+        while self.log.front().is_some_and(|m| m.emit_at < time) {
+            self.log.pop_front();
+        }
+    }
+
+    /// Whether the partition may be read now: it has not failed and is not
+    /// waiting to retry.
+    pub(super) fn readable(&self, now: Instant) -> bool {
+        !self.failed && self.retry_at.is_none_or(|at| at <= now)
+    }
+
+    /// Reads up to `options.batch_size` records into `updates` (stamped with
+    /// `time_of`, counted late below `emit_at`) and `dead`. An error that may
+    /// go away schedules a retry (see [`super::RetryPolicy`]); any other, or
+    /// the last retry's, fails the partition for good ([`Batch::failure`]).
+    pub(super) fn read_batch<D>(
+        &mut self,
+        options: &SourceOptions,
+        now: Instant,
+        emit_at: Timestamp,
+        time_of: impl Fn(&D) -> Timestamp,
+        updates: &mut Vec<Update<D>>,
+        dead: &mut Vec<DeadLetter>,
+    ) -> Batch
+    where
+        R: PartitionReader<Record = D>,
+    {
+        let (mut max_time, mut late, mut failure) = (0, 0, None);
+        let mut take = |record: D| {
+            let time = time_of(&record);
+            max_time = max_time.max(time);
+            late += u64::from(time < emit_at);
+            updates.push((record, time, 1));
+        };
+        let status = match self.reader.read(options.batch_size, &mut take, dead) {
+            Ok(status) => {
+                self.retries = 0;
+                self.retry_at = None;
+                status
+            }
+            Err(e) if e.is_retryable() && self.retries < options.retry.attempts => {
+                self.retries += 1;
+                let wait = options.retry.backoff(self.retries);
+                tracing::warn!(source = %options.name, partition = self.index, attempt = self.retries, ?wait, "retrying after: {e}");
+                self.retry_at = Some(now + wait);
+                ReadStatus::Idle
+            }
+            Err(e) => {
+                // An error is never the end of the input: the partition holds
+                // its watermark (nothing downstream is computed as if it had
+                // ended); the caller fails the job (see `read`).
+                let retried =
+                    if self.retries > 0 { format!(" (after {} retries)", self.retries) } else { String::new() };
+                self.failed = true;
+                failure = Some(format!("{}: partition {}: {e}{retried}", options.name, self.index));
+                ReadStatus::Idle
+            }
+        };
+        Batch { status, max_time, late, failure }
+    }
+
+    /// Notes that a read returned records or dead letters.
+    pub(super) fn got_data(&mut self, now: Instant) {
+        self.watermark.touch(now);
+        self.idle = false;
+        self.read_any = true;
+    }
+
+    /// After a read that said `status`: follows the reader's watermark hint,
+    /// and tells the end of the partition, its failure and its idleness.
+    pub(super) fn settle(&mut self, status: ReadStatus, now: Instant) {
+        if let Some(bound) = self.reader.watermark_hint() {
+            if bound > self.watermark.current() {
+                self.watermark.advance_to(bound);
+                self.watermark.touch(now);
+                self.idle = false;
+            }
+        }
+        if status == ReadStatus::End {
+            self.idle = true;
+            self.done = true;
+        } else if self.failed {
+            self.idle = false;
+        } else if status == ReadStatus::Idle && self.watermark.is_idle(now) {
+            self.idle = true;
+        }
+    }
+}

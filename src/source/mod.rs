@@ -58,6 +58,15 @@ pub enum SourceError {
     /// The source is configured wrongly; retrying will not help.
     #[error("invalid source configuration: {0}")]
     Config(String),
+    /// A service the source reads from stayed unreachable after retries
+    /// (e.g. a database server stopped for good); retrying the call will not help.
+    #[error("{what} unavailable: {reason}")]
+    Unavailable {
+        /// The service, e.g. `postgres source (slot s)`.
+        what: String,
+        /// For how long, and the last error.
+        reason: String,
+    },
 }
 
 impl SourceError {
@@ -68,7 +77,7 @@ impl SourceError {
                 source.kind(),
                 std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
             ),
-            SourceError::Config(_) => false,
+            SourceError::Config(_) | SourceError::Unavailable { .. } => false,
         }
     }
 }

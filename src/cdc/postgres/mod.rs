@@ -43,7 +43,9 @@
 //! 5. reconnects with exponential backoff when the server goes away: the
 //!    slot is persistent, the stream resumes where the slot is and
 //!    transactions already handed out (commit LSN at or below the last one)
-//!    are skipped, so nothing is lost or repeated.
+//!    are skipped, so nothing is lost or repeated. A server unreachable for
+//!    longer than [`reconnect_timeout`](PostgresConfig::reconnect_timeout)
+//!    fails the source for good (never an end of input).
 //!
 //! Errors retrying cannot fix (bad configuration, a missing table, an
 //! unsupported type, a table without key, a missing slot on resume) end the
@@ -152,6 +154,12 @@ pub struct PostgresConfig {
     /// The longest wait between reconnection attempts.
     #[serde(default = "defaults::max_backoff")]
     pub max_backoff: Millis,
+    /// How long the server may stay unreachable: once reconnection attempts
+    /// have failed for this long, the source fails for good with
+    /// [`SourceError::Unavailable`](crate::source::SourceError::Unavailable)
+    /// (the job fails; a recovery resumes from its last checkpoint).
+    #[serde(default = "defaults::reconnect_timeout")]
+    pub reconnect_timeout: Millis,
 }
 
 mod defaults {
@@ -174,6 +182,9 @@ mod defaults {
     pub(super) fn max_backoff() -> Millis {
         Millis(5_000)
     }
+    pub(super) fn reconnect_timeout() -> Millis {
+        Millis(300_000)
+    }
 }
 
 impl PostgresConfig {
@@ -195,6 +206,7 @@ impl PostgresConfig {
             snapshot_batch: defaults::snapshot_batch(),
             watermark_margin: defaults::watermark_margin(),
             max_backoff: defaults::max_backoff(),
+            reconnect_timeout: defaults::reconnect_timeout(),
         }
     }
 }

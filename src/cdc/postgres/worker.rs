@@ -128,6 +128,9 @@ impl Worker {
         let max_backoff = Duration::from_millis(self.config.max_backoff.0).max(min_backoff);
         let mut backoff = min_backoff;
         let mut attempts = 0u64;
+        let reconnect_timeout = Duration::from_millis(self.config.reconnect_timeout.0);
+        // Since when the server has been unreachable (no session connected).
+        let mut unreachable_since: Option<Instant> = None;
         loop {
             if self.stopped() {
                 return;
@@ -156,6 +159,21 @@ impl Worker {
                 Err(Failure::Retry(e)) => {
                     if connected {
                         backoff = min_backoff;
+                        unreachable_since = None;
+                    }
+                    let since = *unreachable_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= reconnect_timeout {
+                        let e = SourceError::Unavailable {
+                            what: format!("postgres source (slot {})", self.config.slot),
+                            reason: format!(
+                                "the server could not be reached for {:?} ({} attempts); last error: {e}",
+                                since.elapsed(),
+                                attempts
+                            ),
+                        };
+                        tracing::error!(slot = %self.config.slot, "{e}");
+                        let _ = self.tx.send(Msg::Fatal(e));
+                        return;
                     }
                     tracing::warn!(slot = %self.config.slot, "postgres source: {e}; reconnecting in {backoff:?}");
                     if self.sleep(backoff) {

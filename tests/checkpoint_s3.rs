@@ -10,6 +10,12 @@
 //! with local checkpoints. The job is 20 M events (several seconds of work)
 //! so that it is still running at every kill.
 //!
+//! And an S3 store that starts refusing writes (a proxy in front of moto
+//! answers `403 AccessDenied` to every write, as after revoked credentials)
+//! fails the job at once, without a final checkpoint or sink commit; with
+//! writes allowed again, a recovery resumes from the last good checkpoint to
+//! the rows of an uninterrupted run.
+//!
 //! `moto_server` must be on `PATH` (`pip install 'moto[server]'`): without
 //! it these tests fail, they do not skip.
 
@@ -17,7 +23,8 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use highwater::checkpoint::s3::S3Store;
@@ -437,4 +444,171 @@ fn nexmark_recovers_from_s3_checkpoints_after_kills() {
     assert!(status.success(), "recovering a completed job failed: {stderr}");
     assert!(stderr.contains("the job has completed"), "a completed job recovered from S3 should say so: {stderr}");
     assert_eq!(data_rows(&out).0, want);
+}
+
+/// An HTTP proxy in front of moto that forwards every request, one per
+/// connection, or, while `refusing`, answers writes (`PUT`, `POST`,
+/// `DELETE`) with `403 AccessDenied`, as S3 does once a bucket policy or the
+/// credentials stop allowing them.
+struct RefusingProxy {
+    port: u16,
+    refusing: Arc<AtomicBool>,
+}
+
+impl RefusingProxy {
+    fn start(upstream: u16) -> RefusingProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let refusing = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&refusing);
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let flag = Arc::clone(&flag);
+                std::thread::spawn(move || {
+                    let _ = Self::serve(client, upstream, &flag);
+                });
+            }
+        });
+        RefusingProxy { port, refusing }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn refuse(&self, refusing: bool) {
+        self.refusing.store(refusing, Ordering::SeqCst);
+    }
+
+    /// Reads one request from `client`, forwards it (or refuses it), closes.
+    fn serve(mut client: TcpStream, upstream: u16, refusing: &AtomicBool) -> std::io::Result<()> {
+        let (head, body) = read_message(&mut client, true)?;
+        let method = head.split(' ').next().unwrap_or_default().to_owned();
+        if refusing.load(Ordering::SeqCst) && matches!(method.as_str(), "PUT" | "POST" | "DELETE") {
+            let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code>\
+                        <Message>Access Denied</Message></Error>";
+            let response = format!(
+                "HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                body.len()
+            );
+            return client.write_all(response.as_bytes());
+        }
+        let mut server = TcpStream::connect(("127.0.0.1", upstream))?;
+        server.write_all(close_connection(&head).as_bytes())?;
+        server.write_all(&body)?;
+        let (head, body) = read_message(&mut server, false)?;
+        client.write_all(close_connection(&head).as_bytes())?;
+        client.write_all(&body)
+    }
+}
+
+/// The head with `Connection: close` instead of any `Connection` header.
+fn close_connection(head: &str) -> String {
+    let mut lines: Vec<&str> = head.trim_end().split("\r\n").collect();
+    lines.retain(|l| !l.to_ascii_lowercase().starts_with("connection:"));
+    lines.push("Connection: close");
+    lines.join("\r\n") + "\r\n\r\n"
+}
+
+/// One HTTP message: its head (with the blank line) and body, by
+/// `Content-Length` (a request without one has none; a response without one
+/// runs to the end of the connection).
+fn read_message(stream: &mut TcpStream, request: bool) -> std::io::Result<(String, Vec<u8>)> {
+    let mut data = Vec::new();
+    let mut buf = [0u8; 64 * 1024];
+    let end = loop {
+        if let Some(i) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed before the head"));
+        }
+        data.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8_lossy(&data[..end]).into_owned();
+    let length = head.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.eq_ignore_ascii_case("content-length").then(|| value.trim().parse::<usize>().ok()).flatten()
+    });
+    let mut body = data.split_off(end);
+    match length {
+        Some(n) => {
+            while body.len() < n {
+                let read = stream.read(&mut buf)?;
+                if read == 0 {
+                    break;
+                }
+                body.extend_from_slice(&buf[..read]);
+            }
+        }
+        None if !request => {
+            stream.read_to_end(&mut body)?;
+        }
+        None => {}
+    }
+    Ok((head, body))
+}
+
+#[test]
+fn a_store_that_starts_refusing_writes_fails_the_job_which_recovers() {
+    let _serial = serial();
+    let tmp = TempDir::new("refusing");
+
+    // The reference: one uninterrupted run with local checkpoints.
+    let local_out = tmp.0.join("local-out");
+    let local_checkpoints = tmp.0.join("local-checkpoints");
+    let (status, stderr) = stderr_of(nexmark(local_checkpoints.to_str().unwrap(), &local_out, false).spawn().unwrap());
+    assert!(status.success(), "the uninterrupted run failed: {stderr}");
+    let (want, _) = data_rows(&local_out);
+    assert!(!want.is_empty(), "the uninterrupted run wrote no rows");
+
+    let moto = Moto::start(&tmp.0);
+    moto.create_bucket("bucket");
+    let proxy = RefusingProxy::start(moto.port);
+    let out = tmp.0.join("s3-out");
+    let child_tmp = tmp.0.join("tmp");
+    std::fs::create_dir_all(&child_tmp).unwrap();
+    let run = || {
+        let mut command = nexmark("s3://bucket/job", &out, true);
+        command.env("TMPDIR", &child_tmp);
+        command.env_remove("AWS_ENDPOINT_URL_S3").env_remove("AWS_SESSION_TOKEN").env_remove("AWS_DEFAULT_REGION");
+        command.env_remove("HIGHWATER_KILL_AT");
+        command.envs(moto.env()).env("AWS_ENDPOINT_URL", proxy.endpoint());
+        command.spawn().unwrap()
+    };
+
+    // A checkpoint is committed; then the store refuses every write.
+    let mut child = run();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while newest_manifest(&moto).is_none() {
+        if child.try_wait().unwrap().is_some() {
+            panic!("the run ended before committing a checkpoint: {:?}", stderr_of(child));
+        }
+        assert!(Instant::now() < deadline, "no checkpoint committed within 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    proxy.refuse(true);
+    let refused_at = Instant::now();
+    let good = newest_manifest(&moto);
+    let (status, stderr) = stderr_of(child);
+    let stopped_after = refused_at.elapsed();
+    assert!(!status.success(), "the run succeeded although the store refused its writes: {stderr}");
+    assert!(stderr.contains("checkpointing failed") && stderr.contains("403"), "the error names the refusal: {stderr}");
+    // Any checkpoint committed after the refusal began was already past its writes.
+    let latest = newest_manifest(&moto);
+    assert!(latest <= good.map(|g| g + 1), "checkpoints committed while refused: {good:?} -> {latest:?}");
+    let (partial, _) = data_rows(&out);
+    assert!(partial.len() < want.len(), "the failed run committed everything (it ran to its end)");
+    assert!(want.starts_with(&partial), "what the failed run committed is a prefix of the uninterrupted rows");
+    eprintln!("refused: the run stopped {stopped_after:?} after the store began refusing writes");
+
+    // Writes allowed again: the job recovers from its last good checkpoint.
+    proxy.refuse(false);
+    let (status, stderr) = stderr_of(run());
+    assert!(status.success(), "the recovery failed: {stderr}\nmoto_server: {}", moto.log());
+    let from = recovered_from(&stderr).unwrap_or_else(|| panic!("the run did not recover: {stderr}"));
+    assert_eq!(Some(from), latest, "it recovers from the last good checkpoint");
+    assert!(data_rows(&out).0 == want, "the rows after the recovery differ from the uninterrupted run's");
 }

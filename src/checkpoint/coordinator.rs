@@ -405,6 +405,12 @@ impl Checkpoints {
         WorkerStore { checkpoints: self.clone(), worker }
     }
 
+    /// The error the job's checkpointing failed with, if it did (no later
+    /// checkpoint commits; [`finish`](Self::finish) reports it too).
+    pub fn error(&self) -> Option<String> {
+        lock(&self.0.state).error.clone()
+    }
+
     /// Declares that `worker` has built its dataflow: checks that its
     /// computation was configured with these checkpoints
     /// ([`configure`](Self::configure)), that every stateful operator can be

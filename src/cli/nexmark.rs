@@ -483,8 +483,13 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
         if let Some(ck) = ck.as_ref() {
             ck.built(worker)?;
         }
-        // A source that fails for good stops the job (not as an end of input).
-        crate::source::run_until_failed(worker, &[&g.source])?;
+        // A source that fails for good, or checkpoints that cannot be
+        // written, stop the job (not as an end of input).
+        let mut watched: Vec<&dyn crate::source::Failing> = vec![&g.source];
+        if let Some(c) = ck.as_ref() {
+            watched.push(c);
+        }
+        crate::source::run_until_failed(worker, &watched)?;
         Ok(())
     })
     .map_err(|e| anyhow::anyhow!("starting the workers: {e}"))?;

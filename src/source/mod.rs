@@ -22,7 +22,8 @@ pub use decode::{Decode, DecodeError, JsonDecoder};
 pub use file::{JsonLines, JsonLinesReader, DEFAULT_BLOCK_SIZE};
 pub use memory::MemorySource;
 pub use read::{
-    read, run_until_failed, RetryPolicy, SourceFailed, SourceMetrics, SourceOptions, SourceStreams, WatermarkBoard,
+    read, run_until_failed, Failing, JobFailed, RetryPolicy, SourceMetrics, SourceOptions, SourceStreams,
+    WatermarkBoard,
 };
 
 use crate::dead_letter::DeadLetter;

@@ -48,24 +48,52 @@ impl SourceMetrics {
     }
 }
 
-/// Steps `worker` until its dataflows have completed, or until a source of
-/// `metrics` has failed for good (see [`read`]): then the worker's dataflows
-/// are dropped (nothing downstream sees an end of input that did not happen)
-/// and the sources' errors are returned.
-pub fn run_until_failed(worker: &mut timely::worker::Worker, metrics: &[&SourceMetrics]) -> Result<(), SourceFailed> {
-    let failed = || metrics.iter().any(|m| m.has_failed());
-    while !failed() && worker.step_or_park(Some(Duration::from_millis(50))) {}
-    if failed() {
+/// Something whose failure stops a job's workers ([`run_until_failed`]):
+/// a source's [`SourceMetrics`] (a partition failed for good) or the job's
+/// [`Checkpoints`](crate::checkpoint::Checkpoints) (a checkpoint could not be
+/// written, e.g. the store refuses writes: the job stops rather than run on
+/// without checkpoints, as Flink's default of no tolerable checkpoint failure).
+pub trait Failing {
+    /// The failure, if there was one.
+    fn failure(&self) -> Option<String>;
+}
+
+impl Failing for SourceMetrics {
+    fn failure(&self) -> Option<String> {
+        self.has_failed().then(|| format!("source failed: {}", self.errors().join("; ")))
+    }
+}
+
+impl Failing for crate::checkpoint::Checkpoints {
+    fn failure(&self) -> Option<String> {
+        self.error().map(|e| format!("checkpointing failed: {e}"))
+    }
+}
+
+/// Steps `worker` until its dataflows have completed, or until one of
+/// `watched` has failed (a source for good, see [`read`], or the job's
+/// checkpoints): then the worker's dataflows are dropped (nothing downstream
+/// sees an end of input that did not happen) and the failures are returned.
+pub fn run_until_failed(worker: &mut timely::worker::Worker, watched: &[&dyn Failing]) -> Result<(), JobFailed> {
+    let failures = || watched.iter().filter_map(|w| w.failure()).collect::<Vec<_>>();
+    let mut failed = Vec::new();
+    while failed.is_empty() && worker.step_or_park(Some(Duration::from_millis(50))) {
+        failed = failures();
+    }
+    if failed.is_empty() {
+        // The dataflows completed; a failure in their last steps still counts.
+        failed = failures();
+    }
+    if !failed.is_empty() {
         for dataflow in worker.installed_dataflows() {
             worker.drop_dataflow(dataflow);
         }
-        let errors: Vec<String> = metrics.iter().flat_map(|m| m.errors()).collect();
-        return Err(SourceFailed(errors.join("; ")));
+        return Err(JobFailed(failed.join("; ")));
     }
     Ok(())
 }
 
-/// A source failed for good (see [`read`]), with its errors.
+/// A job stopped by a failure (see [`run_until_failed`]), with what failed.
 #[derive(Debug, thiserror::Error)]
-#[error("source failed: {0}")]
-pub struct SourceFailed(pub String);
+#[error("{0}")]
+pub struct JobFailed(pub String);

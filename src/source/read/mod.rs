@@ -16,7 +16,7 @@ mod options;
 mod partition;
 
 pub use board::WatermarkBoard;
-pub use metrics::{run_until_failed, SourceFailed, SourceMetrics};
+pub use metrics::{run_until_failed, Failing, JobFailed, SourceMetrics};
 pub use options::{RetryPolicy, SourceOptions};
 
 use std::collections::VecDeque;

@@ -122,11 +122,25 @@ impl<T> Default for Held<T> {
     }
 }
 
-/// Holds `item` for key `k`: insertions are appended; a retraction cancels an
-/// equal held record (or is held itself, to meet its insertion later).
+/// The held record a retraction of `record` at `time` cancels: one equal to
+/// it at the same event time, or else the first equal one held.
 ///
-/// Records are equal by their data alone: a changelog retracts a record at the
-/// time of the change, not at the time it was inserted.
+/// Records are equal by their data: a changelog retracts a record at the time
+/// of the change, not at the time it was inserted; but of equal records held
+/// at several times, one at the retraction's own time is the one it takes back
+/// (a stream that retracts at the insertion's time, as windows read it).
+fn cancelled<'a, T: 'a>(
+    items: impl Iterator<Item = &'a T> + Clone,
+    equal: impl Fn(&T) -> bool,
+    at_time: impl Fn(&T) -> bool,
+) -> Option<usize> {
+    items.clone().position(|e| equal(e) && at_time(e)).or_else(|| items.clone().position(|e| equal(e)))
+}
+
+/// Holds `item` for key `k`: insertions are appended; a retraction cancels
+/// the held record [`cancelled`] names (or is held itself, to meet its
+/// insertion later).
+#[allow(clippy::too_many_arguments)]
 fn hold<K: Key, T>(
     side: &mut StateMap<K, Held<T>>,
     due: &mut BTreeMap<Timestamp, Vec<K>>,
@@ -134,12 +148,14 @@ fn hold<K: Key, T>(
     item: T,
     release_at: Timestamp,
     cancels: impl Fn(&T, &T) -> bool,
+    time_of: impl Fn(&T) -> Timestamp,
     diff_of: impl Fn(&mut T) -> &mut Diff,
 ) {
     let mut item = item;
     let held = side.entry(k.clone()).or_default();
     if *diff_of(&mut item) < 0 {
-        if let Some(pos) = held.items.iter().position(|e| cancels(e, &item)) {
+        let time = time_of(&item);
+        if let Some(pos) = cancelled(held.items.iter(), |e| cancels(e, &item), |e| time_of(e) == time) {
             let d = *diff_of(&mut item);
             let existing = &mut held.items[pos];
             *diff_of(existing) += d;
@@ -385,7 +401,10 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                             let held_as = (diff < 0)
                                 .then(|| lefts.get(&k))
                                 .flatten()
-                                .and_then(|h| h.items.iter().find(|l| l.record == record && l.diff > 0))
+                                .and_then(|h| {
+                                    let equal = |l: &Left<L>| l.record == record && l.diff > 0;
+                                    cancelled(h.items.iter(), equal, |l| l.time == time).map(|i| &h.items[i])
+                                })
                                 .map(|l| (l.time, l.lo, l.hi));
                             let (time, lo, hi) = held_as.unwrap_or_else(|| {
                                 let (lo, hi) = bounds(&record, time);
@@ -401,7 +420,7 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                             let release_at = lateness.release_at(hi.saturating_add(1));
                             let left = Left { record, time, lo, hi, diff };
                             let same = |a: &Left<L>, b: &Left<L>| a.record == b.record;
-                            hold(&mut *lefts, &mut left_due, k, left, release_at, same, |e| &mut e.diff);
+                            hold(&mut *lefts, &mut left_due, k, left, release_at, same, |e| e.time, |e| &mut e.diff);
                         }
                     }
                 });
@@ -421,7 +440,10 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                             let time = (diff < 0)
                                 .then(|| rights.get(&k))
                                 .flatten()
-                                .and_then(|h| h.items.iter().find(|r| r.0 == record && r.2 > 0))
+                                .and_then(|h| {
+                                    let equal = |r: &(R, Timestamp, Diff)| r.0 == record && r.2 > 0;
+                                    cancelled(h.items.iter(), equal, |r| r.1 == time).map(|i| &h.items[i])
+                                })
                                 .map_or(time, |r| r.1);
                             if let Some(held) = lefts.get(&k) {
                                 for l in held.items.iter() {
@@ -433,7 +455,7 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                             let release_at = right_release(time);
                             let right = (record, time, diff);
                             let same = |a: &(R, Timestamp, Diff), b: &(R, Timestamp, Diff)| a.0 == b.0;
-                            hold(&mut *rights, &mut right_due, k, right, release_at, same, |e| &mut e.2);
+                            hold(&mut *rights, &mut right_due, k, right, release_at, same, |e| e.1, |e| &mut e.2);
                         }
                     }
                 });

@@ -1,7 +1,7 @@
 //! The process-wide checkpoint coordinator: begins cuts, collects every
 //! worker's share, writes checkpoints on a background thread, and restores.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -12,37 +12,18 @@ use crate::operators::checkpoint::{CheckpointId, Cut, Entry, Restored, Schema, S
 use crate::operators::{Timestamp, END_OF_TIME};
 
 use super::cluster::{self, Membership, Message, Peer, ProcessPart};
-use super::manifest::{Manifest, PartitionState, ShardInfo, SinkPart, FORMAT_VERSION};
+use super::manifest::{Manifest, PartitionState, ShardInfo, FORMAT_VERSION};
 use super::store::{open_store, CheckpointStore};
 use super::{kill, shard, CheckpointConfig, CheckpointError};
 
-/// A sink's share of a checkpoint: the output it sets aside at the cut.
-#[derive(Debug)]
-pub struct SinkSubmission {
-    /// The sink's name.
-    pub sink: String,
-    /// The part's contents (encoded as its committer reads them) and row
-    /// count; `None` if the sink had no output.
-    pub part: Option<(Vec<u8>, u64)>,
-}
+mod probe;
+mod restore;
+mod sink;
 
-/// How an exactly-once sink makes its output durable, then visible, per checkpoint.
-///
-/// The checkpoint writer calls [`prepare`](Self::prepare) for every part
-/// before it writes the manifest, and [`commit`](Self::commit) after; on
-/// recovery the sink, when registered, re-commits the parts of the restored
-/// checkpoint and [`abort_after`](Self::abort_after) removes what later,
-/// uncommitted checkpoints had prepared. `commit` must be idempotent.
-pub trait SinkCommitter: Send + Sync + std::fmt::Debug {
-    /// Makes a part durable but invisible (pre-commit); `part` is `None`
-    /// when the sink had no output at checkpoint `id`.
-    fn prepare(&self, id: CheckpointId, part: Option<(&[u8], u64)>) -> Result<SinkPart, CheckpointError>;
-    /// Makes a prepared part visible; a part already committed is left as it is.
-    fn commit(&self, part: &SinkPart) -> Result<(), CheckpointError>;
-    /// Discards parts prepared for checkpoints after `id` (never committed),
-    /// and any output of them already visible (a damaged newer checkpoint).
-    fn abort_after(&self, id: CheckpointId) -> Result<(), CheckpointError>;
-}
+pub use probe::{probe, DataflowProbe};
+pub use restore::{check, latest_usable};
+use restore::{choose_checkpoint, load_entries, RestoredState};
+pub use sink::{SinkCommitter, SinkSubmission};
 
 /// One checkpoint being collected from the workers.
 #[derive(Debug)]
@@ -98,17 +79,6 @@ enum Job {
     Remote { process: usize, id: CheckpointId, part: ProcessPart },
 }
 
-/// Chunks of state entries by operator.
-type EntriesByOperator = HashMap<String, Vec<Arc<Vec<u8>>>>;
-
-/// What a recovery restores.
-#[derive(Debug)]
-struct RestoredState {
-    manifest: Manifest,
-    /// Chunks of entries by operator, read in place by every worker's instance.
-    entries: EntriesByOperator,
-}
-
 #[derive(Debug)]
 struct Inner {
     config: CheckpointConfig,
@@ -159,56 +129,6 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
-
-/// The newest checkpoint of `store` that checks out, with the reasons the
-/// newer ones do not. `Ok(None)` if the store holds no complete checkpoint
-/// (one without a manifest was never completed, so does not count); an error
-/// if it holds complete ones but every one of them is damaged.
-pub fn latest_usable(store: &dyn CheckpointStore) -> Result<Option<(Manifest, Vec<String>)>, CheckpointError> {
-    let ids = store.list()?;
-    let mut rejected = Vec::new();
-    let checking = Instant::now();
-    for &id in ids.iter().rev() {
-        if store.get_manifest(id)?.is_none() {
-            // Never completed: it does not exist (and is not damage).
-            continue;
-        }
-        match check(store, id) {
-            // Not damage: a store that cannot be read now must not make the
-            // job fall back to an older checkpoint.
-            Err(
-                e @ (CheckpointError::Io { .. } | CheckpointError::Config(_) | CheckpointError::ObjectStore { .. }),
-            ) => return Err(e),
-            Ok(manifest) => {
-                tracing::debug!(id, elapsed = ?checking.elapsed(), "checkpoint verified");
-                return Ok(Some((manifest, rejected)));
-            }
-            Err(e) => rejected.push(format!("checkpoint {id}: {e}")),
-        }
-    }
-    if rejected.is_empty() {
-        Ok(None)
-    } else {
-        Err(CheckpointError::NoUsable { location: store.describe(), reasons: rejected.join("; ") })
-    }
-}
-
-/// Checks checkpoint `id` of `store`: its manifest and every shard file.
-pub fn check(store: &dyn CheckpointStore, id: CheckpointId) -> Result<Manifest, CheckpointError> {
-    let what = format!("{}/{}/MANIFEST", store.describe(), super::store::checkpoint_name(id));
-    let bytes = store.get_manifest(id)?.ok_or_else(|| CheckpointError::Corrupt {
-        what: what.clone(),
-        reason: "missing (the checkpoint was not completed)".into(),
-    })?;
-    let manifest = Manifest::from_bytes(&bytes, &what)?;
-    if manifest.id != id {
-        return Err(CheckpointError::Corrupt { what, reason: format!("names checkpoint {}", manifest.id) });
-    }
-    for shard in &manifest.shards {
-        store.get_shard(id, shard.worker, &shard.files)?;
-    }
-    Ok(manifest)
 }
 
 impl Checkpoints {
@@ -731,36 +651,6 @@ fn final_if_ended(inner: &Inner, state: &mut State) {
     }
 }
 
-/// The newest usable checkpoint to recover from (with `config.recover`), or
-/// none; without `recover` the store must hold no checkpoint.
-fn choose_checkpoint(
-    config: &CheckpointConfig,
-    store: &dyn CheckpointStore,
-) -> Result<Option<Manifest>, CheckpointError> {
-    if !config.recover {
-        if !store.list()?.is_empty() {
-            return Err(CheckpointError::Config(format!(
-                "{} already holds checkpoints: pass --recover to resume from them, or use an empty directory",
-                store.describe()
-            )));
-        }
-        return Ok(None);
-    }
-    match latest_usable(store)? {
-        Some((manifest, rejected)) => {
-            for reason in &rejected {
-                tracing::warn!("skipping a damaged checkpoint: {reason}");
-            }
-            tracing::info!(id = manifest.id, time = manifest.time, "recovering from checkpoint");
-            Ok(Some(manifest))
-        }
-        None => {
-            tracing::info!(location = %store.describe(), "no checkpoint to recover from: starting afresh");
-            Ok(None)
-        }
-    }
-}
-
 /// The coordinator's timer: begins a cut every interval once every worker of
 /// every process is built and the previous checkpoint is written.
 fn time_loop(inner: &Inner) {
@@ -1007,95 +897,6 @@ fn fingerprint_of<'a>(names: impl Iterator<Item = &'a str>) -> String {
     names.sort_unstable();
     let text = names.join("\n");
     format!("{:08x}-{}", crc32fast::hash(text.as_bytes()), names.len())
-}
-
-/// What a dataflow declares when built under [`probe`]: its checkpointed
-/// operators and the stateful ones that cannot be checkpointed.
-#[derive(Debug, Default)]
-pub struct DataflowProbe {
-    operators: Mutex<Vec<String>>,
-    unsupported: Mutex<Vec<String>>,
-}
-
-/// The probe as the runtime of the computation it builds.
-#[derive(Debug, Default, Clone)]
-struct ProbeRuntime(Arc<DataflowProbe>);
-
-impl StateRuntime for ProbeRuntime {
-    fn worker(&self, _index: usize) -> std::rc::Rc<dyn StateStore> {
-        std::rc::Rc::new(self.clone())
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
-impl StateStore for ProbeRuntime {
-    fn cut_after(&self, _done: Option<CheckpointId>) -> Option<Cut> {
-        None
-    }
-    fn register(&self, operator: &str, _schema: &Schema, _migrates_from: &[u32]) {
-        self.0.operators.lock().unwrap_or_else(|p| p.into_inner()).push(operator.to_owned());
-    }
-    fn fail(&self, _operator: &str, _error: StateError) {}
-    fn unsupported(&self, operator: &str) {
-        self.0.unsupported.lock().unwrap_or_else(|p| p.into_inner()).push(operator.to_owned());
-    }
-    fn restored(&self, _operator: &str) -> Option<Restored> {
-        None
-    }
-    fn restored_time(&self) -> Option<Timestamp> {
-        None
-    }
-    fn submit(&self, _operator: &str, _cut: Cut, _entries: Vec<Entry>, _pause: Duration) {}
-    fn on_cut(&self, _wake: Box<dyn Fn() + Send + Sync>) {}
-}
-
-/// Runs `build` with a one-worker timely configuration under which the job's
-/// dataflow is to be built (and run to its end, so give it no input), e.g.
-/// with `timely::execute`, and records what its operators declare: for
-/// [`Checkpoints::check_dataflow`] before the workers start.
-pub fn probe<R>(build: impl FnOnce(timely::Config) -> R) -> (DataflowProbe, R) {
-    let runtime = ProbeRuntime::default();
-    let mut config = timely::Config::thread();
-    crate::operators::checkpoint::configure(&mut config.worker, Arc::new(runtime.clone()));
-    let result = build(config);
-    let take =
-        |names: &Mutex<Vec<String>>| Mutex::new(std::mem::take(&mut *names.lock().unwrap_or_else(|p| p.into_inner())));
-    let probe = DataflowProbe { operators: take(&runtime.0.operators), unsupported: take(&runtime.0.unsupported) };
-    (probe, result)
-}
-
-/// Reads every shard of `manifest` and spreads the entries over `workers`
-/// Reads every shard of `manifest` (one thread each): every operator's chunks
-/// of entries, which each worker's operators read in place, keeping those
-/// whose routing hash falls on them (see [`Restored`]).
-fn load_entries(store: &dyn CheckpointStore, manifest: &Manifest) -> Result<EntriesByOperator, CheckpointError> {
-    let shards: Vec<Result<EntriesByOperator, CheckpointError>> = std::thread::scope(|scope| {
-        let readers: Vec<_> = manifest
-            .shards
-            .iter()
-            .map(|shard_info| {
-                scope.spawn(move || {
-                    let mut out = EntriesByOperator::new();
-                    let dir = store.get_shard(manifest.id, shard_info.worker, &shard_info.files)?;
-                    shard::read(&dir, |operator, chunk| {
-                        out.entry(operator.to_owned()).or_default().push(Arc::new(chunk));
-                    })?;
-                    Ok(out)
-                })
-            })
-            .collect();
-        readers.into_iter().map(|r| r.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
-    });
-    let mut out = EntriesByOperator::new();
-    for shard in shards {
-        for (operator, chunks) in shard? {
-            out.entry(operator).or_default().extend(chunks);
-        }
-    }
-    Ok(out)
 }
 
 /// Writes this process's part of a collected checkpoint: its workers'

@@ -47,7 +47,7 @@ pub fn write_parts(
     let h = handle.clone();
     let worker = stream.scope().index();
     let Some(checkpoints) = Checkpoints::of(&stream.scope()) else {
-        return Err(CheckpointError::NotConfigured(format!("the exactly-once sink {name}")).into());
+        return Err(CheckpointError::NotConfigured(format!("the exactly-once sink {name}")));
     };
     let checkpoints = (worker == 0).then_some(checkpoints);
     if let Some(c) = checkpoints.as_ref() {

@@ -6,12 +6,36 @@ use std::time::Duration;
 use crate::operators::checkpoint::{CheckpointId, Cut, Entry, Restored, Schema, StateError, StateRuntime, StateStore};
 use crate::operators::Timestamp;
 
+use super::super::manifest::Manifest;
+use super::super::CheckpointError;
+use super::registry::fingerprint_of;
+
 /// What a dataflow declares when built under [`probe`]: its checkpointed
 /// operators and the stateful ones that cannot be checkpointed.
 #[derive(Debug, Default)]
 pub struct DataflowProbe {
-    pub(super) operators: Mutex<Vec<String>>,
-    pub(super) unsupported: Mutex<Vec<String>>,
+    operators: Mutex<Vec<String>>,
+    unsupported: Mutex<Vec<String>>,
+}
+
+impl DataflowProbe {
+    /// Checks the dataflow recorded: every stateful operator can be
+    /// checkpointed, and `restored` (the checkpoint the job recovers from)
+    /// was taken by the same dataflow.
+    pub(super) fn check(&self, restored: Option<&Manifest>) -> Result<(), CheckpointError> {
+        let unsupported = self.unsupported.lock().unwrap_or_else(|p| p.into_inner());
+        if !unsupported.is_empty() {
+            return Err(CheckpointError::Unsupported(unsupported.join(", ")));
+        }
+        let operators = self.operators.lock().unwrap_or_else(|p| p.into_inner());
+        let fingerprint = fingerprint_of(operators.iter().map(String::as_str));
+        match restored {
+            Some(m) if m.fingerprint != fingerprint => {
+                Err(CheckpointError::Fingerprint { id: m.id, found: m.fingerprint.clone(), expected: fingerprint })
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The probe as the runtime of the computation it builds.

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::operators::checkpoint::CheckpointId;
+use crate::operators::checkpoint::{CheckpointId, Restored, Schema};
 
 use super::super::manifest::Manifest;
 use super::super::store::CheckpointStore;
@@ -18,7 +18,40 @@ pub(super) type EntriesByOperator = HashMap<String, Vec<Arc<Vec<u8>>>>;
 pub(super) struct RestoredState {
     pub(super) manifest: Manifest,
     /// Chunks of entries by operator, read in place by every worker's instance.
-    pub(super) entries: EntriesByOperator,
+    entries: EntriesByOperator,
+}
+
+impl RestoredState {
+    /// Loads the state of the checkpoint of `manifest` from `store`.
+    pub(super) fn load(store: &dyn CheckpointStore, manifest: Manifest) -> Result<Self, CheckpointError> {
+        let loading = Instant::now();
+        let entries = load_entries(store, &manifest)?;
+        let count: u64 = entries.values().flatten().map(|c| shard::chunk_entries(c)).sum();
+        tracing::info!(entries = count, elapsed = ?loading.elapsed(), "checkpoint state loaded");
+        Ok(RestoredState { manifest, entries })
+    }
+
+    /// Why `operator`, registered with `schema` (migrating from the
+    /// versions `migrates_from`), cannot restore its state from this
+    /// checkpoint, if it cannot: the checkpoint holds it in another schema.
+    pub(super) fn refuses(&self, operator: &str, schema: &Schema, migrates_from: &[u32]) -> Option<String> {
+        let found = self.manifest.schemas.get(operator)?;
+        if found == schema || (found.name == schema.name && migrates_from.contains(&found.version)) {
+            return None;
+        }
+        Some(format!(
+            "operator {operator}: checkpoint {} holds its state as {found}, this program's is {schema}, with \
+             no migration from v{}; start without --recover in an empty checkpoint directory, or add a migration",
+            self.manifest.id, found.version
+        ))
+    }
+
+    /// What `operator` on `worker` (of `peers` in the job) restores.
+    pub(super) fn of(&self, operator: &str, worker: usize, peers: usize) -> Restored {
+        let chunks = self.entries.get(operator).cloned().unwrap_or_default();
+        let schema = self.manifest.schemas.get(operator).cloned();
+        Restored::new(chunks, worker, peers).with_schema(schema)
+    }
 }
 
 /// The newest checkpoint of `store` that checks out, with the reasons the
@@ -104,11 +137,8 @@ pub(super) fn choose_checkpoint(
 /// Reads every shard of `manifest` (one thread each): every operator's chunks
 /// of entries, which each worker's operators read in place, keeping those
 /// whose routing hash falls on them (see
-/// [`Restored`](crate::operators::checkpoint::Restored)).
-pub(super) fn load_entries(
-    store: &dyn CheckpointStore,
-    manifest: &Manifest,
-) -> Result<EntriesByOperator, CheckpointError> {
+/// [`Restored`]).
+fn load_entries(store: &dyn CheckpointStore, manifest: &Manifest) -> Result<EntriesByOperator, CheckpointError> {
     let shards: Vec<Result<EntriesByOperator, CheckpointError>> = std::thread::scope(|scope| {
         let readers: Vec<_> = manifest
             .shards

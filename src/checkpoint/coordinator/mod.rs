@@ -35,6 +35,8 @@ mod probe;
 mod registry;
 mod restore;
 mod sink;
+#[cfg(test)]
+mod tests;
 mod writer;
 
 use phase::{Effect, Job, Layout, Phase, Share, State};

@@ -134,7 +134,7 @@ fn cancelled<'a, T: 'a>(
     equal: impl Fn(&T) -> bool,
     at_time: impl Fn(&T) -> bool,
 ) -> Option<usize> {
-    items.clone().position(|e| equal(e) && at_time(e)).or_else(|| items.clone().position(|e| equal(e)))
+    items.clone().position(|e| equal(e) && at_time(e)).or_else(|| items.clone().position(equal))
 }
 
 /// Holds `item` for key `k`: insertions are appended; a retraction cancels

@@ -24,7 +24,9 @@
 //!   and keeps the entries of its own workers, so the number of processes and
 //!   workers may differ from the checkpoint's.
 //! - **Failure.** A process that fails, or loses its connection, fails the
-//!   checkpointing of the whole job ([`Message::Failed`]).
+//!   checkpointing of the whole job ([`Message::Failed`]). So does a message
+//!   that the receiver's phase does not allow (out of turn, or one only the
+//!   other role sends): see `coordinator/members.rs`.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};

@@ -174,6 +174,17 @@ pub enum CheckpointError {
     /// Writing a checkpoint failed earlier in the run.
     #[error("checkpointing failed: {0}")]
     Failed(String),
+    /// An event the checkpointing's current phase does not allow: a message
+    /// from another process out of turn (processes of different builds, or
+    /// a bug), or a report of this process's workers that does not fit
+    /// where the checkpointing stands. It fails the job's checkpointing.
+    #[error("checkpoint protocol: {event}, but {state}")]
+    Protocol {
+        /// What happened, e.g. `process 1 sent that its workers are built`.
+        event: String,
+        /// Where the checkpointing stood, e.g. `checkpoint 3 is being written`.
+        state: String,
+    },
     /// A part of the dataflow that needs the job's checkpoints (an
     /// exactly-once sink) was built in a computation configured without them.
     #[error(

@@ -1,0 +1,166 @@
+//! Choosing the checkpoint to recover from, checking it, and loading its state.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::operators::checkpoint::{CheckpointId, Restored, Schema};
+
+use super::super::manifest::Manifest;
+use super::super::store::CheckpointStore;
+use super::super::{shard, CheckpointConfig, CheckpointError};
+
+/// Chunks of state entries by operator.
+pub(super) type EntriesByOperator = HashMap<String, Vec<Arc<Vec<u8>>>>;
+
+/// What a recovery restores.
+#[derive(Debug)]
+pub(super) struct RestoredState {
+    pub(super) manifest: Manifest,
+    /// Chunks of entries by operator, read in place by every worker's instance.
+    entries: EntriesByOperator,
+}
+
+impl RestoredState {
+    /// Loads the state of the checkpoint of `manifest` from `store`.
+    pub(super) fn load(store: &dyn CheckpointStore, manifest: Manifest) -> Result<Self, CheckpointError> {
+        let loading = Instant::now();
+        let entries = load_entries(store, &manifest)?;
+        let count: u64 = entries.values().flatten().map(|c| shard::chunk_entries(c)).sum();
+        tracing::info!(entries = count, elapsed = ?loading.elapsed(), "checkpoint state loaded");
+        Ok(RestoredState { manifest, entries })
+    }
+
+    /// Why `operator`, registered with `schema` (migrating from the
+    /// versions `migrates_from`), cannot restore its state from this
+    /// checkpoint, if it cannot: the checkpoint holds it in another schema.
+    pub(super) fn refuses(&self, operator: &str, schema: &Schema, migrates_from: &[u32]) -> Option<String> {
+        let found = self.manifest.schemas.get(operator)?;
+        if found == schema || (found.name == schema.name && migrates_from.contains(&found.version)) {
+            return None;
+        }
+        Some(format!(
+            "operator {operator}: checkpoint {} holds its state as {found}, this program's is {schema}, with \
+             no migration from v{}; start without --recover in an empty checkpoint directory, or add a migration",
+            self.manifest.id, found.version
+        ))
+    }
+
+    /// What `operator` on `worker` (of `peers` in the job) restores.
+    pub(super) fn of(&self, operator: &str, worker: usize, peers: usize) -> Restored {
+        let chunks = self.entries.get(operator).cloned().unwrap_or_default();
+        let schema = self.manifest.schemas.get(operator).cloned();
+        Restored::new(chunks, worker, peers).with_schema(schema)
+    }
+}
+
+/// The newest checkpoint of `store` that checks out, with the reasons the
+/// newer ones do not. `Ok(None)` if the store holds no complete checkpoint
+/// (one without a manifest was never completed, so does not count); an error
+/// if it holds complete ones but every one of them is damaged.
+pub fn latest_usable(store: &dyn CheckpointStore) -> Result<Option<(Manifest, Vec<String>)>, CheckpointError> {
+    let ids = store.list()?;
+    let mut rejected = Vec::new();
+    let checking = Instant::now();
+    for &id in ids.iter().rev() {
+        if store.get_manifest(id)?.is_none() {
+            // Never completed: it does not exist (and is not damage).
+            continue;
+        }
+        match check(store, id) {
+            // Not damage: a store that cannot be read now must not make the
+            // job fall back to an older checkpoint.
+            Err(
+                e @ (CheckpointError::Io { .. } | CheckpointError::Config(_) | CheckpointError::ObjectStore { .. }),
+            ) => return Err(e),
+            Ok(manifest) => {
+                tracing::debug!(id, elapsed = ?checking.elapsed(), "checkpoint verified");
+                return Ok(Some((manifest, rejected)));
+            }
+            Err(e) => rejected.push(format!("checkpoint {id}: {e}")),
+        }
+    }
+    if rejected.is_empty() {
+        Ok(None)
+    } else {
+        Err(CheckpointError::NoUsable { location: store.describe(), reasons: rejected.join("; ") })
+    }
+}
+
+/// Checks checkpoint `id` of `store`: its manifest and every shard file.
+pub fn check(store: &dyn CheckpointStore, id: CheckpointId) -> Result<Manifest, CheckpointError> {
+    let what = format!("{}/{}/MANIFEST", store.describe(), super::super::store::checkpoint_name(id));
+    let bytes = store.get_manifest(id)?.ok_or_else(|| CheckpointError::Corrupt {
+        what: what.clone(),
+        reason: "missing (the checkpoint was not completed)".into(),
+    })?;
+    let manifest = Manifest::from_bytes(&bytes, &what)?;
+    if manifest.id != id {
+        return Err(CheckpointError::Corrupt { what, reason: format!("names checkpoint {}", manifest.id) });
+    }
+    for shard in &manifest.shards {
+        store.get_shard(id, shard.worker, &shard.files)?;
+    }
+    Ok(manifest)
+}
+
+/// The newest usable checkpoint to recover from (with `config.recover`), or
+/// none; without `recover` the store must hold no checkpoint.
+pub(super) fn choose_checkpoint(
+    config: &CheckpointConfig,
+    store: &dyn CheckpointStore,
+) -> Result<Option<Manifest>, CheckpointError> {
+    if !config.recover {
+        if !store.list()?.is_empty() {
+            return Err(CheckpointError::Config(format!(
+                "{} already holds checkpoints: pass --recover to resume from them, or use an empty directory",
+                store.describe()
+            )));
+        }
+        return Ok(None);
+    }
+    match latest_usable(store)? {
+        Some((manifest, rejected)) => {
+            for reason in &rejected {
+                tracing::warn!("skipping a damaged checkpoint: {reason}");
+            }
+            tracing::info!(id = manifest.id, time = manifest.time, "recovering from checkpoint");
+            Ok(Some(manifest))
+        }
+        None => {
+            tracing::info!(location = %store.describe(), "no checkpoint to recover from: starting afresh");
+            Ok(None)
+        }
+    }
+}
+
+/// Reads every shard of `manifest` (one thread each): every operator's chunks
+/// of entries, which each worker's operators read in place, keeping those
+/// whose routing hash falls on them (see
+/// [`Restored`]).
+fn load_entries(store: &dyn CheckpointStore, manifest: &Manifest) -> Result<EntriesByOperator, CheckpointError> {
+    let shards: Vec<Result<EntriesByOperator, CheckpointError>> = std::thread::scope(|scope| {
+        let readers: Vec<_> = manifest
+            .shards
+            .iter()
+            .map(|shard_info| {
+                scope.spawn(move || {
+                    let mut out = EntriesByOperator::new();
+                    let dir = store.get_shard(manifest.id, shard_info.worker, &shard_info.files)?;
+                    shard::read(&dir, |operator, chunk| {
+                        out.entry(operator.to_owned()).or_default().push(Arc::new(chunk));
+                    })?;
+                    Ok(out)
+                })
+            })
+            .collect();
+        readers.into_iter().map(|r| r.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+    });
+    let mut out = EntriesByOperator::new();
+    for shard in shards {
+        for (operator, chunks) in shard? {
+            out.entry(operator).or_default().extend(chunks);
+        }
+    }
+    Ok(out)
+}

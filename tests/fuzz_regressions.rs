@@ -43,6 +43,10 @@ const CRASHES: &[(&str, &str, Result<(), &str>)] = &[
     ("pgoutput", "overflow-time-hours", Ok(())),
     ("pgoutput", "overflow-utc-offset", Ok(())),
     ("pgoutput", "overflow-year", Ok(())),
+    // A chunk whose length varint is overlong (`f8 f8 f8 00`): postcard reads
+    // it as the canonical `f8 f8 78`, so it stands for the same entries; the
+    // harness had demanded the canonical bytes.
+    ("shard_chunk", "overlong-varint", Ok(())),
 ];
 
 fn root() -> PathBuf {

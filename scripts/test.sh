@@ -59,4 +59,15 @@ cargo test --workspace --release "${features[@]}" --doc
 log "cargo test (operators, debug: timely's capability checks are debug assertions)"
 cargo test -p highwater-operators --tests
 
+# The same operators, their oracles and their checkpoint tests, with every
+# keyed state on the encoded backend (values kept as bytes behind a write-back
+# cache per activation: an on-disk store's access pattern); and the
+# highwater crate's oracle tests likewise. Neither rebuilds anything. (The
+# crash tests, whose processes would inherit the variable, pass on it too,
+# but take four minutes; the operators' checkpoint tests cover recovery.)
+log "cargo test on the encoded state backend (operators debug; oracles release)"
+HIGHWATER_STATE_BACKEND=encoded cargo test -p highwater-operators --tests
+HIGHWATER_STATE_BACKEND=encoded cargo test --workspace --release "${features[@]}" \
+    --test nexmark_oracle --test window_oracle --test join_oracle --test cep_oracle
+
 log "all checks passed"

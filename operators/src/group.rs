@@ -6,7 +6,7 @@ use std::rc::Rc;
 use crate::aggregate::Aggregate;
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
-use crate::state::{OperatorState, Schema, Snapshot, Stateful};
+use crate::state::{AnyKeyedState, KeyedState, OperatorState, Schema, Snapshot, Stateful};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, Diff, Timestamp};
 
@@ -24,13 +24,13 @@ type KeyEntry<K, Acc, D> = (K, Option<Acc>, Vec<(Timestamp, D, Diff)>);
 /// The operator's state: the table of accumulators, and the input waiting
 /// for the watermark, by timely time.
 struct GroupState<K, Acc, D> {
-    table: StateMap<K, Entry<Acc>>,
+    table: KeyedState<K, Entry<Acc>>,
     pending: BTreeMap<Timestamp, Vec<(K, D, Diff)>>,
 }
 
 impl<K, Acc, D> Default for GroupState<K, Acc, D> {
     fn default() -> Self {
-        GroupState { table: StateMap::default(), pending: BTreeMap::new() }
+        GroupState { table: KeyedState::default(), pending: BTreeMap::new() }
     }
 }
 
@@ -44,6 +44,10 @@ where
     type Entry = KeyEntry<K, Acc, D>;
     type Prepared = ();
 
+    fn keyed_states(&mut self, each: &mut dyn FnMut(&mut dyn AnyKeyedState)) {
+        each(&mut self.table);
+    }
+
     /// The state as checkpoint entries, one per key, routed by the key as the
     /// operator's exchange routes it. Taken when the watermark is at the cut and
     /// every time below it is applied: `pending` holds only input at or after the
@@ -56,11 +60,11 @@ where
             }
         }
         out.reserve(self.table.len() + waiting.len());
-        for (k, (acc, changed)) in &self.table {
+        self.table.for_each(|k, (acc, changed)| {
             debug_assert!(!changed, "a key is marked changed only while its time is applied");
             let held = waiting.remove(k).unwrap_or_default();
             out.push(route(k), &(k, Some(acc), held));
-        }
+        });
         for (k, held) in waiting {
             out.push(route(k), &(k, None::<&Acc>, held));
         }
@@ -171,7 +175,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                     }
                     let (time, updates) = entry.remove_entry();
                     for (k, d, r) in updates {
-                        let (acc, changed) = table.entry(k.clone()).or_insert_with(|| (agg.init(), false));
+                        let (acc, changed) = table.get_or_insert_with(k.clone(), || (agg.init(), false));
                         if !*changed {
                             *changed = true;
                             dirty.push((k, agg.output(acc)));

@@ -2,11 +2,16 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
+use std::slice::IterMut;
+
+use timely::dataflow::operators::InputCapability;
 
 use crate::aggregate::Collect;
-use crate::key::{route, Data, Key, StateMap};
+use crate::key::{route, Data, Key};
 use crate::late::{Counter, LateOutput};
-use crate::state::{OperatorState, Schema, Snapshot, Stateful};
+use crate::state::{
+    ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot, StateValue, Stateful,
+};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
 use crate::window::{WindowResult, WindowSpec};
@@ -82,13 +87,13 @@ enum Sided<K, A, B> {
 
 /// An interval join's state: what each side holds, by key.
 struct IntervalState<K, L, R> {
-    lefts: StateMap<K, Held<Left<L>>>,
-    rights: StateMap<K, Held<(R, Timestamp, Diff)>>,
+    lefts: KeyedState<K, Held<Left<L>>>,
+    rights: KeyedState<K, Held<(R, Timestamp, Diff)>>,
 }
 
 impl<K, L, R> Default for IntervalState<K, L, R> {
     fn default() -> Self {
-        IntervalState { lefts: StateMap::default(), rights: StateMap::default() }
+        IntervalState { lefts: KeyedState::default(), rights: KeyedState::default() }
     }
 }
 
@@ -97,14 +102,15 @@ impl<K: Key, L: Data, R: Data> OperatorState for IntervalState<K, L, R> {
     type Entry = Sided<K, Held<Left<L>>, Held<(R, Timestamp, Diff)>>;
     type Prepared = ();
 
+    fn keyed_states(&mut self, each: &mut dyn FnMut(&mut dyn AnyKeyedState)) {
+        each(&mut self.lefts);
+        each(&mut self.rights);
+    }
+
     fn snapshot(&self, (): (), out: &mut Snapshot) {
         out.reserve(self.lefts.len() + self.rights.len());
-        for (k, held) in self.lefts.iter() {
-            out.push(route(k), &Sided::<_, _, ()>::Left(k, held));
-        }
-        for (k, held) in self.rights.iter() {
-            out.push(route(k), &Sided::<_, (), _>::Right(k, held));
-        }
+        self.lefts.for_each(|k, held| out.push(route(k), &Sided::<_, _, ()>::Left(k, held)));
+        self.rights.for_each(|k, held| out.push(route(k), &Sided::<_, (), _>::Right(k, held)));
     }
 }
 
@@ -141,8 +147,8 @@ fn cancelled<'a, T: 'a>(
 /// the held record [`cancelled`] names (or is held itself, to meet its
 /// insertion later).
 #[allow(clippy::too_many_arguments)]
-fn hold<K: Key, T>(
-    side: &mut StateMap<K, Held<T>>,
+fn hold<K: Key, T: StateValue>(
+    side: &mut KeyedState<K, Held<T>>,
     due: &mut BTreeMap<Timestamp, Vec<K>>,
     k: K,
     item: T,
@@ -152,7 +158,7 @@ fn hold<K: Key, T>(
     diff_of: impl Fn(&mut T) -> &mut Diff,
 ) {
     let mut item = item;
-    let held = side.entry(k.clone()).or_default();
+    let held = side.get_or_insert_with(k.clone(), Held::default);
     if *diff_of(&mut item) < 0 {
         let time = time_of(&item);
         if let Some(pos) = cancelled(held.items.iter(), |e| cancels(e, &item), |e| time_of(e) == time) {
@@ -182,8 +188,8 @@ fn hold<K: Key, T>(
 /// than needed is safe (no record that can still arrive in time matches it),
 /// and arrival order is close to release order, so this costs little memory
 /// and no scanning.
-fn release<K: Key, T>(
-    side: &mut StateMap<K, Held<T>>,
+fn release<K: Key, T: StateValue>(
+    side: &mut KeyedState<K, Held<T>>,
     due: &mut BTreeMap<Timestamp, Vec<K>>,
     watermark: Timestamp,
     released: impl Fn(&T) -> Timestamp,
@@ -346,128 +352,33 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         let (mut late_left_out, late_left) = builder.output::<L>();
         let (mut late_right_out, late_right) = builder.output::<R>();
         let (count_left, count_right) = (Counter::new(), Counter::new());
-        let (counter_left, counter_right) = (count_left.clone(), count_right.clone());
-        let Interval { bounds, lead } = interval;
-        let right_release = move |t: Timestamp| lateness.release_at(t.saturating_add(lead).saturating_add(1));
+        let mut op = IntervalOp {
+            key_left,
+            key_right,
+            interval,
+            lateness,
+            output,
+            counter_left: count_left.clone(),
+            counter_right: count_right.clone(),
+            left_due: BTreeMap::new(),
+            right_due: BTreeMap::new(),
+        };
 
         builder.build(move |_initial_capabilities, mut managed| {
-            let mut left_due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
-            let mut right_due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
-            // Recovery: the records each side holds, and when they are due for release.
-            managed.restore(|IntervalState { lefts, rights }, _time, entries| {
-                // Sized at once: entries come in the old maps' hash order.
-                let n = entries.len();
-                lefts.reserve(n);
-                rights.reserve(n);
-                entries.for_each(|entry| match entry {
-                    Sided::Left(k, held) => {
-                        if held.scheduled != Timestamp::MAX {
-                            left_due.entry(held.scheduled).or_default().push(k.clone());
-                        }
-                        lefts.insert(k, held);
-                    }
-                    Sided::Right(k, held) => {
-                        if held.scheduled != Timestamp::MAX {
-                            right_due.entry(held.scheduled).or_default().push(k.clone());
-                        }
-                        rights.insert(k, held);
-                    }
-                });
-            });
-
+            managed.restore(|state, _time, entries| op.restore(state, entries));
             move |frontiers| {
                 // Both sides are away while a background thread snapshots them.
                 if !managed.home() {
                     return;
                 }
-                let IntervalState { lefts, rights } = managed.get();
+                let state = managed.get();
                 let mut results = results_out.activate();
                 let mut late_l = late_left_out.activate();
                 let mut late_r = late_right_out.activate();
-
-                input_left.for_each_stamp(|cap, data| {
-                    let arrived = arrival_time(&cap);
-                    let mut session = results.session(&cap);
-                    for batch in data {
-                        for (record, time, diff) in batch.drain(..) {
-                            if lateness.release_at(time.saturating_add(1)) <= arrived {
-                                late_l.session(&cap).give((record, time, diff));
-                                counter_left.add(1);
-                                continue;
-                            }
-                            let k = key_left(&record);
-                            // A retraction takes back the pairs its insertion made: it
-                            // matches as the held record it cancels.
-                            let held_as = (diff < 0)
-                                .then(|| lefts.get(&k))
-                                .flatten()
-                                .and_then(|h| {
-                                    let equal = |l: &Left<L>| l.record == record && l.diff > 0;
-                                    cancelled(h.items.iter(), equal, |l| l.time == time).map(|i| &h.items[i])
-                                })
-                                .map(|l| (l.time, l.lo, l.hi));
-                            let (time, lo, hi) = held_as.unwrap_or_else(|| {
-                                let (lo, hi) = bounds(&record, time);
-                                (time, lo, hi)
-                            });
-                            if let Some(held) = rights.get(&k) {
-                                for (r, rt, rd) in held.items.iter() {
-                                    if lo <= *rt && *rt <= hi {
-                                        session.give((output(&record, r), time.max(*rt), diff * rd));
-                                    }
-                                }
-                            }
-                            let release_at = lateness.release_at(hi.saturating_add(1));
-                            let left = Left { record, time, lo, hi, diff };
-                            let same = |a: &Left<L>, b: &Left<L>| a.record == b.record;
-                            hold(&mut *lefts, &mut left_due, k, left, release_at, same, |e| e.time, |e| &mut e.diff);
-                        }
-                    }
-                });
-
-                input_right.for_each_stamp(|cap, data| {
-                    let arrived = arrival_time(&cap);
-                    let mut session = results.session(&cap);
-                    for batch in data {
-                        for (record, time, diff) in batch.drain(..) {
-                            if lateness.release_at(time.saturating_add(1)) <= arrived {
-                                late_r.session(&cap).give((record, time, diff));
-                                counter_right.add(1);
-                                continue;
-                            }
-                            let k = key_right(&record);
-                            // A retraction matches as the held record it cancels.
-                            let time = (diff < 0)
-                                .then(|| rights.get(&k))
-                                .flatten()
-                                .and_then(|h| {
-                                    let equal = |r: &(R, Timestamp, Diff)| r.0 == record && r.2 > 0;
-                                    cancelled(h.items.iter(), equal, |r| r.1 == time).map(|i| &h.items[i])
-                                })
-                                .map_or(time, |r| r.1);
-                            if let Some(held) = lefts.get(&k) {
-                                for l in held.items.iter() {
-                                    if l.lo <= time && time <= l.hi {
-                                        session.give((output(&l.record, &record), time.max(l.time), l.diff * diff));
-                                    }
-                                }
-                            }
-                            let release_at = right_release(time);
-                            let right = (record, time, diff);
-                            let same = |a: &(R, Timestamp, Diff), b: &(R, Timestamp, Diff)| a.0 == b.0;
-                            hold(&mut *rights, &mut right_due, k, right, release_at, same, |e| e.1, |e| &mut e.2);
-                        }
-                    }
-                });
-
-                let left_watermark = watermark_of(&frontiers[0]);
-                let right_watermark = watermark_of(&frontiers[1]);
-                release(&mut *lefts, &mut left_due, right_watermark, |l| lateness.release_at(l.hi.saturating_add(1)));
-                release(&mut *rights, &mut right_due, left_watermark, |r| right_release(r.1));
-                if left_watermark == END_OF_TIME && right_watermark == END_OF_TIME {
-                    lefts.clear();
-                    rights.clear();
-                }
+                input_left.for_each_stamp(|cap, data| op.take_left(state, &cap, data, &mut results, &mut late_l));
+                input_right.for_each_stamp(|cap, data| op.take_right(state, &cap, data, &mut results, &mut late_r));
+                let (left_watermark, right_watermark) = (watermark_of(&frontiers[0]), watermark_of(&frontiers[1]));
+                op.release(state, left_watermark, right_watermark);
                 managed.checkpoint(left_watermark.min(right_watermark), ());
             }
         });
@@ -476,6 +387,186 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
             results,
             late_left: LateOutput { stream: late_left, count: count_left },
             late_right: LateOutput { stream: late_right, count: count_right },
+        }
+    }
+}
+
+/// The interval join's work on a worker, step by step: each side's records
+/// matched against what the other side holds and held themselves
+/// ([`take_left`](Self::take_left), [`take_right`](Self::take_right)), and
+/// what the other side's watermark releases forgotten ([`release`](Self::release)).
+struct IntervalOp<K, KL, KR, B, F> {
+    key_left: Rc<KL>,
+    key_right: Rc<KR>,
+    interval: Interval<B>,
+    lateness: AllowedLateness,
+    output: F,
+    counter_left: Counter,
+    counter_right: Counter,
+    /// Keys by the time a release check is scheduled for their held records.
+    left_due: BTreeMap<Timestamp, Vec<K>>,
+    right_due: BTreeMap<Timestamp, Vec<K>>,
+}
+
+impl<K, KL, KR, B, F> IntervalOp<K, KL, KR, B, F>
+where
+    K: Key,
+{
+    /// Recovery: the records each side holds, and when they are due for release.
+    fn restore<L: Data, R: Data>(
+        &mut self,
+        IntervalState { lefts, rights }: &mut IntervalState<K, L, R>,
+        entries: &mut RestoredEntries<IntervalState<K, L, R>>,
+    ) {
+        // Sized at once: entries come in the old maps' hash order.
+        let n = entries.len();
+        lefts.reserve(n);
+        rights.reserve(n);
+        entries.for_each(|entry| match entry {
+            Sided::Left(k, held) => {
+                if held.scheduled != Timestamp::MAX {
+                    self.left_due.entry(held.scheduled).or_default().push(k.clone());
+                }
+                lefts.insert(k, held);
+            }
+            Sided::Right(k, held) => {
+                if held.scheduled != Timestamp::MAX {
+                    self.right_due.entry(held.scheduled).or_default().push(k.clone());
+                }
+                rights.insert(k, held);
+            }
+        });
+    }
+
+    /// When a right record at `t` is released: once no left record it can
+    /// match can still arrive.
+    fn right_release(&self, t: Timestamp) -> Timestamp {
+        self.lateness.release_at(t.saturating_add(self.interval.lead).saturating_add(1))
+    }
+
+    /// Takes in the left records of one stamp: each is matched against the
+    /// right records its key holds within its bounds, and held.
+    fn take_left<L, R, O>(
+        &mut self,
+        IntervalState { lefts, rights }: &mut IntervalState<K, L, R>,
+        cap: &InputCapability<Timestamp>,
+        data: IterMut<'_, Vec<Update<L>>>,
+        results: &mut ActiveOutput<'_, O>,
+        late: &mut ActiveOutput<'_, L>,
+    ) where
+        L: Data + PartialEq,
+        R: Data,
+        O: Data,
+        KL: Fn(&L) -> K,
+        B: Fn(&L, Timestamp) -> (Timestamp, Timestamp),
+        F: Fn(&L, &R) -> O,
+    {
+        let arrived = arrival_time(cap);
+        let mut session = results.session(cap);
+        for batch in data {
+            for (record, time, diff) in batch.drain(..) {
+                if self.lateness.release_at(time.saturating_add(1)) <= arrived {
+                    late.session(cap).give((record, time, diff));
+                    self.counter_left.add(1);
+                    continue;
+                }
+                let k = (self.key_left)(&record);
+                // A retraction takes back the pairs its insertion made: it
+                // matches as the held record it cancels.
+                let held_as = (diff < 0)
+                    .then(|| lefts.get(&k))
+                    .flatten()
+                    .and_then(|h| {
+                        let equal = |l: &Left<L>| l.record == record && l.diff > 0;
+                        cancelled(h.items.iter(), equal, |l| l.time == time).map(|i| &h.items[i])
+                    })
+                    .map(|l| (l.time, l.lo, l.hi));
+                let (time, lo, hi) = held_as.unwrap_or_else(|| {
+                    let (lo, hi) = (self.interval.bounds)(&record, time);
+                    (time, lo, hi)
+                });
+                if let Some(held) = rights.get(&k) {
+                    for (r, rt, rd) in held.items.iter() {
+                        if lo <= *rt && *rt <= hi {
+                            session.give(((self.output)(&record, r), time.max(*rt), diff * rd));
+                        }
+                    }
+                }
+                let release_at = self.lateness.release_at(hi.saturating_add(1));
+                let left = Left { record, time, lo, hi, diff };
+                let same = |a: &Left<L>, b: &Left<L>| a.record == b.record;
+                hold(lefts, &mut self.left_due, k, left, release_at, same, |e| e.time, |e| &mut e.diff);
+            }
+        }
+    }
+
+    /// Takes in the right records of one stamp: each is matched against the
+    /// left records its key holds whose bounds take it, and held.
+    fn take_right<L, R, O>(
+        &mut self,
+        IntervalState { lefts, rights }: &mut IntervalState<K, L, R>,
+        cap: &InputCapability<Timestamp>,
+        data: IterMut<'_, Vec<Update<R>>>,
+        results: &mut ActiveOutput<'_, O>,
+        late: &mut ActiveOutput<'_, R>,
+    ) where
+        L: Data,
+        R: Data + PartialEq,
+        O: Data,
+        KR: Fn(&R) -> K,
+        F: Fn(&L, &R) -> O,
+    {
+        let arrived = arrival_time(cap);
+        let mut session = results.session(cap);
+        for batch in data {
+            for (record, time, diff) in batch.drain(..) {
+                if self.lateness.release_at(time.saturating_add(1)) <= arrived {
+                    late.session(cap).give((record, time, diff));
+                    self.counter_right.add(1);
+                    continue;
+                }
+                let k = (self.key_right)(&record);
+                // A retraction matches as the held record it cancels.
+                let time = (diff < 0)
+                    .then(|| rights.get(&k))
+                    .flatten()
+                    .and_then(|h| {
+                        let equal = |r: &(R, Timestamp, Diff)| r.0 == record && r.2 > 0;
+                        cancelled(h.items.iter(), equal, |r| r.1 == time).map(|i| &h.items[i])
+                    })
+                    .map_or(time, |r| r.1);
+                if let Some(held) = lefts.get(&k) {
+                    for l in held.items.iter() {
+                        if l.lo <= time && time <= l.hi {
+                            session.give(((self.output)(&l.record, &record), time.max(l.time), l.diff * diff));
+                        }
+                    }
+                }
+                let release_at = self.right_release(time);
+                let right = (record, time, diff);
+                let same = |a: &(R, Timestamp, Diff), b: &(R, Timestamp, Diff)| a.0 == b.0;
+                hold(rights, &mut self.right_due, k, right, release_at, same, |e| e.1, |e| &mut e.2);
+            }
+        }
+    }
+
+    /// Forgets the held records the other side's watermark has released;
+    /// everything once both inputs have ended.
+    fn release<L: Data, R: Data>(
+        &mut self,
+        IntervalState { lefts, rights }: &mut IntervalState<K, L, R>,
+        left_watermark: Timestamp,
+        right_watermark: Timestamp,
+    ) {
+        let lateness = self.lateness;
+        release(lefts, &mut self.left_due, right_watermark, |l| lateness.release_at(l.hi.saturating_add(1)));
+        let lead = self.interval.lead;
+        release(rights, &mut self.right_due, left_watermark, |r| {
+            lateness.release_at(r.1.saturating_add(lead).saturating_add(1))
+        });
+        if left_watermark == END_OF_TIME && right_watermark == END_OF_TIME {
+            lefts.clear();
+            rights.clear();
         }
     }
 }

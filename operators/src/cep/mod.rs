@@ -66,10 +66,12 @@ use std::sync::Arc;
 use timely::dataflow::operators::{Capability, InputCapability};
 
 use crate::hold::Hold;
-use crate::key::{route, Data, Key, StateMap};
+use crate::key::{route, Data, Key};
 use crate::late::{Counter, LateOutput};
 use crate::state::pending::Pending;
-use crate::state::{ActiveOutput, OperatorState, RestoredEntries, Schema, Snapshot, Stateful};
+use crate::state::{
+    ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot, Stateful,
+};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, Timestamp};
 
@@ -287,13 +289,13 @@ enum CepEntry<K, S, E> {
 
 /// A pattern operator's state on a worker: every key's, and the events waiting for the watermark.
 struct CepState<K, E> {
-    keys: StateMap<K, Keyed<K, E>>,
+    keys: KeyedState<K, Keyed<K, E>>,
     waiting: Pending<(K, E)>,
 }
 
 impl<K, E> Default for CepState<K, E> {
     fn default() -> Self {
-        CepState { keys: StateMap::default(), waiting: Pending::default() }
+        CepState { keys: KeyedState::default(), waiting: Pending::default() }
     }
 }
 
@@ -302,14 +304,16 @@ impl<K: Key, E: Data + Sync> OperatorState for CepState<K, E> {
     type Entry = CepEntry<K, Keyed<K, E>, E>;
     type Prepared = ();
 
+    fn keyed_states(&mut self, each: &mut dyn FnMut(&mut dyn AnyKeyedState)) {
+        each(&mut self.keys);
+    }
+
     /// Every key's state, and the waiting events. A key's partial matches
     /// share the events they took through `Arc` links (`nfa::Node`): the
     /// background thread reads them while the operator leaves them alone.
     fn snapshot(&self, (): (), out: &mut Snapshot) {
         out.reserve(self.keys.len());
-        for (k, keyed) in self.keys.iter() {
-            out.push(route(k), &CepEntry::<_, _, ()>::Key(k, keyed));
-        }
+        self.keys.for_each(|k, keyed| out.push(route(k), &CepEntry::<_, _, ()>::Key(k, keyed)));
         for (t, (k, event), emit_at) in self.waiting.iter() {
             out.push(route(k), &CepEntry::<_, (), _>::Waiting(t, k, event, emit_at));
         }
@@ -517,7 +521,7 @@ impl<K: Key, E: Data + Sync, KF: Fn(&E) -> K> PatternOperator<K, E, KF> {
     /// replays its key; later ones, and retractions, go to the late output.
     fn take_events(
         &mut self,
-        keys: &mut StateMap<K, Keyed<K, E>>,
+        keys: &mut KeyedState<K, Keyed<K, E>>,
         waiting: &mut Pending<(K, E)>,
         cap: &InputCapability<Timestamp>,
         data: IterMut<'_, Vec<Update<E>>>,
@@ -549,7 +553,7 @@ impl<K: Key, E: Data + Sync, KF: Fn(&E) -> K> PatternOperator<K, E, KF> {
     /// with it and corrects the outputs that change (at its arrival, `cap`).
     fn replay_late(
         &mut self,
-        keys: &mut StateMap<K, Keyed<K, E>>,
+        keys: &mut KeyedState<K, Keyed<K, E>>,
         k: K,
         event: &E,
         time: Timestamp,
@@ -558,7 +562,7 @@ impl<K: Key, E: Data + Sync, KF: Fn(&E) -> K> PatternOperator<K, E, KF> {
     ) {
         let Some((_, same)) = self.lateness.as_ref() else { return };
         let arrived = arrival_time(cap);
-        let keyed = keys.entry(k.clone()).or_insert_with(Keyed::new);
+        let keyed = keys.get_or_insert_with(k.clone(), Keyed::new);
         let outputs = replay(&self.matcher, &self.names, &k, keyed, time, event.clone(), self.processed);
         let old = std::mem::replace(&mut keyed.replay.emitted, outputs);
         correct(old, &keyed.replay.emitted, same, cap, out);
@@ -577,7 +581,7 @@ impl<K: Key, E: Data + Sync, KF: Fn(&E) -> K> PatternOperator<K, E, KF> {
     /// order: at each event time, the timers due by it fire first.
     fn match_waiting(
         &mut self,
-        keys: &mut StateMap<K, Keyed<K, E>>,
+        keys: &mut KeyedState<K, Keyed<K, E>>,
         waiting: &mut Pending<(K, E)>,
         watermark: Timestamp,
         out: &mut Outputs<'_, K, E>,
@@ -598,14 +602,14 @@ impl<K: Key, E: Data + Sync, KF: Fn(&E) -> K> PatternOperator<K, E, KF> {
     /// timer, and forgets the key if it holds nothing any more.
     fn advance(
         &mut self,
-        keys: &mut StateMap<K, Keyed<K, E>>,
+        keys: &mut KeyedState<K, Keyed<K, E>>,
         k: K,
         event: E,
         time: Timestamp,
         emit_at: Timestamp,
         out: &mut Outputs<'_, K, E>,
     ) {
-        let keyed = keys.entry(k.clone()).or_insert_with(Keyed::new);
+        let keyed = keys.get_or_insert_with(k.clone(), Keyed::new);
         if self.allowed > 0 {
             keyed.replay.history.push((time, event.clone()));
             schedule_trim(&mut self.trims, &k, &mut keyed.replay, self.allowed, self.within);
@@ -637,7 +641,7 @@ impl<K: Key, E: Data + Sync, KF: Fn(&E) -> K> PatternOperator<K, E, KF> {
 
     /// Fires the expiry timers due by `until` and emits the matches and
     /// time-outs they yield.
-    fn fire_timers(&mut self, keys: &mut StateMap<K, Keyed<K, E>>, until: Timestamp, out: &mut Outputs<'_, K, E>) {
+    fn fire_timers(&mut self, keys: &mut KeyedState<K, Keyed<K, E>>, until: Timestamp, out: &mut Outputs<'_, K, E>) {
         let record = self.allowed > 0;
         expire(&self.matcher, &self.names, until, keys, &mut self.timers, &mut self.hold, &mut self.expired, record);
         for (m, t, timed_out) in self.expired.drain(..) {
@@ -648,7 +652,7 @@ impl<K: Key, E: Data + Sync, KF: Fn(&E) -> K> PatternOperator<K, E, KF> {
 
     /// Trims the replay state of the keys whose trim the watermark has
     /// reached, and forgets the keys left with nothing.
-    fn trim_replays(&mut self, keys: &mut StateMap<K, Keyed<K, E>>, watermark: Timestamp) {
+    fn trim_replays(&mut self, keys: &mut KeyedState<K, Keyed<K, E>>, watermark: Timestamp) {
         // Events before the lateness horizon can no longer be preceded by a late one.
         let horizon = watermark.saturating_sub(self.allowed);
         while let Some(entry) = self.trims.first_entry() {
@@ -710,11 +714,11 @@ fn correct<K: Key, E: Data>(
 /// the keys' pending matches and timed-out partial matches go to `out`
 /// (`true`: timed out), to be emitted before the hold settles.
 #[allow(clippy::too_many_arguments)]
-fn expire<K: Key, E: Data>(
+fn expire<K: Key, E: Data + Sync>(
     matcher: &Matcher<E>,
     names: &[Arc<str>],
     until: Timestamp,
-    keys: &mut StateMap<K, Keyed<K, E>>,
+    keys: &mut KeyedState<K, Keyed<K, E>>,
     timers: &mut BTreeMap<Timestamp, Vec<(K, Timestamp)>>,
     hold: &mut Hold,
     out: &mut Vec<(Match<K, E>, Timestamp, bool)>,

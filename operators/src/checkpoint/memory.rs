@@ -20,6 +20,7 @@ use timely::dataflow::operators::core::{Input as _, Inspect};
 
 use super::{encode_chunk, CheckpointId, Cut, Entry, Restored, Schema, StateError, StateStore};
 use crate::key::Data;
+use crate::state::Backend;
 use crate::stream::{EventStream, Update};
 use crate::time::{Diff, Timestamp};
 
@@ -297,7 +298,29 @@ where
     O: Data + Ord + Send,
     B: for<'s> Fn(&EventStream<'s, D>) -> EventStream<'s, O> + Send + Sync + 'static,
 {
-    recovery(input, cut, before, after, build, false)
+    recovery(input, cut, before, after, build, false, None)
+}
+
+/// As [`check_recovery`], with the state on backend `from` in the
+/// uninterrupted and the checkpointed run, and on `to` in the recovered one
+/// (e.g. a job moved from memory to an encoded store), whatever the
+/// `HIGHWATER_STATE_BACKEND` environment variable says.
+///
+/// # Panics
+/// As [`check_recovery`].
+pub fn check_recovery_across<D, O, B>(
+    input: &[Input<D>],
+    cut: Timestamp,
+    (before, after): (usize, usize),
+    (from, to): (Backend, Backend),
+    build: B,
+) -> Recovery<O>
+where
+    D: Data + Send + Sync,
+    O: Data + Ord + Send,
+    B: for<'s> Fn(&EventStream<'s, D>) -> EventStream<'s, O> + Send + Sync + 'static,
+{
+    recovery(input, cut, before, after, build, false, Some((from, to)))
 }
 
 /// As [`check_recovery`], with the cut seen late by the workers other than
@@ -319,7 +342,7 @@ where
     O: Data + Ord + Send,
     B: for<'s> Fn(&EventStream<'s, D>) -> EventStream<'s, O> + Send + Sync + 'static,
 {
-    recovery(input, cut, before, after, build, true)
+    recovery(input, cut, before, after, build, true, None)
 }
 
 fn recovery<D, O, B>(
@@ -329,6 +352,7 @@ fn recovery<D, O, B>(
     after: usize,
     build: B,
     late: bool,
+    backends: Option<(Backend, Backend)>,
 ) -> Recovery<O>
 where
     D: Data + Send + Sync,
@@ -337,14 +361,15 @@ where
 {
     let input: Arc<Vec<Input<D>>> = Arc::new(input.to_vec());
     let build = Arc::new(build);
-    let expected = run(&input, before, None, &build, |_| true);
+    let (from, to) = (backends.map(|b| b.0), backends.map(|b| b.1));
+    let expected = run_from(&input, before, None, &build, |_| true, 0, from);
     // Checkpointed at the cut, then crashed: only output before the cut is committed.
     let store = MemoryStore::new(before, None);
-    let first = run_from(&input, before, Some((store.clone(), Some((cut, late)))), &build, move |t| t < cut, 0);
+    let first = run_from(&input, before, Some((store.clone(), Some((cut, late)))), &build, move |t| t < cut, 0, from);
     let checkpoint = store.checkpoint(1).expect("the checkpoint completes once the input is closed");
     let unsupported = store.unsupported();
     // Recovered: the state as of the cut, and the input from the cut on.
-    let (second, mut failures) = recover_with(&checkpoint, &input, cut, after, &build);
+    let (second, mut failures) = recover_with(&checkpoint, &input, cut, after, &build, to);
     failures.extend(store.failures());
     let mut recovered = first;
     for (key, diff) in second {
@@ -371,7 +396,7 @@ where
     O: Data + Ord + Send,
     B: for<'s> Fn(&EventStream<'s, D>) -> EventStream<'s, O> + Send + Sync + 'static,
 {
-    recover_with(checkpoint, input, cut, workers, &Arc::new(build))
+    recover_with(checkpoint, input, cut, workers, &Arc::new(build), None)
 }
 
 fn recover_with<D, O, B>(
@@ -380,6 +405,7 @@ fn recover_with<D, O, B>(
     cut: Timestamp,
     workers: usize,
     build: &Arc<B>,
+    backend: Option<Backend>,
 ) -> (Output<O>, Vec<String>)
 where
     D: Data + Send + Sync,
@@ -388,23 +414,8 @@ where
 {
     let rewound: Arc<Vec<Input<D>>> = Arc::new(input.iter().filter(|u| u.3 >= cut).cloned().collect());
     let restored = MemoryStore::new(workers, Some(checkpoint.clone()));
-    let output = run_from(&rewound, workers, Some((restored.clone(), None)), build, move |t| t >= cut, cut);
+    let output = run_from(&rewound, workers, Some((restored.clone(), None)), build, move |t| t >= cut, cut, backend);
     (output, restored.failures())
-}
-
-fn run<D, O, B>(
-    input: &Arc<Vec<Input<D>>>,
-    workers: usize,
-    store: Option<MemoryStore>,
-    build: &Arc<B>,
-    keep: impl Fn(Timestamp) -> bool + Send + Sync + 'static,
-) -> Output<O>
-where
-    D: Data + Send + Sync,
-    O: Data + Ord + Send,
-    B: for<'s> Fn(&EventStream<'s, D>) -> EventStream<'s, O> + Send + Sync + 'static,
-{
-    run_from(input, workers, store.map(|s| (s, None)), build, keep, 0)
 }
 
 impl super::StateRuntime for MemoryStore {
@@ -417,7 +428,8 @@ impl super::StateRuntime for MemoryStore {
     }
 }
 
-/// Runs `build` over `input` from `start` on, built with `store`; with
+/// Runs `build` over `input` from `start` on, built with `store` (and its
+/// state on `backend`, if given); with
 /// `Some((cut, late))` beside it, worker 0 (which sends the input) begins
 /// checkpoint 1 at `cut` before it sends the first update that arrives at or
 /// after it; `late`, for itself only, announcing it to the others once it has
@@ -429,6 +441,7 @@ fn run_from<D, O, B>(
     build: &Arc<B>,
     keep: impl Fn(Timestamp) -> bool + Send + Sync + 'static,
     start: Timestamp,
+    backend: Option<Backend>,
 ) -> Output<O>
 where
     D: Data + Send + Sync,
@@ -441,6 +454,9 @@ where
     let mut config = timely::Config::process(workers);
     if let Some((s, _)) = store.as_ref() {
         s.configure(&mut config);
+    }
+    if let Some(backend) = backend {
+        backend.configure(&mut config.worker);
     }
     let guards = timely::execute(config, move |worker| {
         let index = worker.index();

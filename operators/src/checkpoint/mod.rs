@@ -163,6 +163,15 @@ pub enum StateError {
         /// The encoder's message.
         reason: String,
     },
+    /// The state backend failed to keep the operator's state (a value that
+    /// does not encode on it, or a stored value that no longer decodes).
+    #[error("the state backend of {schema} failed: {reason}")]
+    Backend {
+        /// The operator's schema.
+        schema: Schema,
+        /// The backend's message.
+        reason: String,
+    },
     /// The checkpoint holds another schema than the operator's, and the
     /// operator has no migration from it.
     #[error("the checkpoint holds {found}, this program's operator has {expected} and no migration from it")]

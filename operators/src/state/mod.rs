@@ -19,6 +19,10 @@
 //!   takes snapshots when a cut is due ([`Managed::checkpoint`]) on a
 //!   background thread so that the worker does not pause, and hands it back
 //!   ([`Managed::home`]).
+//! - **Where its keyed state lives**: what it holds per key is a
+//!   [`KeyedState`], on the job's [`Backend`] (memory by default; every
+//!   backend implements [`KeyedStateBackend`]), so that the operator's
+//!   logic is the same whether its state is a hash map or encoded bytes.
 //! - **Its own logic**: what it does with records, timers and the watermark.
 //!   Event-time timers and the hold on the output capability are the
 //!   crate's [`Timers`] and `Hold`; late records go to a [`LateOutput`](crate::LateOutput).
@@ -36,6 +40,7 @@
 //! [`OperatorState::Entry`]: no operator reads a byte layout by hand.
 
 mod backend;
+mod keyed;
 pub(crate) mod multiset;
 pub(crate) mod pending;
 mod process;
@@ -43,7 +48,8 @@ mod stateful;
 mod timers;
 
 pub use crate::checkpoint::{Schema, StateError};
-pub use backend::{InMemory, KeyedStateBackend};
+pub use backend::{Encoded, InMemory, KeyedStateBackend, StateValue};
+pub use keyed::{AnyKeyedState, Backend, KeyedState, UnknownBackend, BACKEND_ENV};
 pub use process::{KeyedContext, KeyedProcess};
 pub(crate) use stateful::ActiveOutput;
 pub use stateful::{GatedInput, InputOf, Managed, OutputOf, RestoredEntries, Stateful, StatefulBuilder};
@@ -80,6 +86,17 @@ pub trait OperatorState: Default + Send + 'static {
 
     /// Pushes the state's entries; runs on a background thread.
     fn snapshot(&self, prepared: Self::Prepared, out: &mut Snapshot);
+
+    /// Calls `each` with every [`KeyedState`] of the state: the model puts
+    /// them on the job's backend when the operator is built (before it is
+    /// restored) and writes back what each activation changed in them
+    /// ([`KeyedState::flush`], at [`Managed::checkpoint`]). State with no
+    /// keyed part keeps the default, which has none. An interval join's
+    /// state, with one `KeyedState` per side, calls `each(&mut self.lefts)`
+    /// and `each(&mut self.rights)`.
+    fn keyed_states(&mut self, each: &mut dyn FnMut(&mut dyn AnyKeyedState)) {
+        let _ = each;
+    }
 
     /// Reads an entry written under `version` of the schema, one of
     /// [`MIGRATES_FROM`](Self::MIGRATES_FROM).

@@ -2,6 +2,7 @@
 //! state and its event-time timers ([`KeyedProcess`], like Flink's
 //! `KeyedProcessFunction`), with checkpoints and recovery from the model.
 
+use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::rc::Rc;
 
@@ -9,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use smallvec::SmallVec;
 
-use super::{InMemory, KeyedStateBackend, OperatorState, Schema, Snapshot, StateError, Stateful, Timers};
+use super::{AnyKeyedState, KeyedState, OperatorState, Schema, Snapshot, StateError, Stateful, Timers};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key};
 use crate::stream::{EventStream, Update};
@@ -24,13 +25,21 @@ use crate::time::{arrival_time, watermark_of, Diff, Timestamp};
 /// number of workers, and holds its output back so that what a timer emits
 /// goes out at the timer's time.
 ///
-/// - Records are handed over as they arrive (not in event-time order), with
+/// - Records are handed over in order of arrival (not of event time), with
 ///   their event time and diff; what [`KeyedContext::emit`] emits then goes
 ///   out at the record's arrival (its timely time).
 /// - A timer set at `t` ([`KeyedContext::schedule`]) is due once the
-///   watermark reaches `t`, that is once every record with an event time
-///   before `t` has arrived; what is emitted then goes out at `t` (or at the
-///   arrival of the record that set it, if that came later).
+///   watermark passes `t`, that is once every record with an event time at
+///   or before `t` has arrived (as Flink's event-time timers); what is
+///   emitted then goes out at `t` (or at the arrival of the record that set
+///   it, if that came later). A checkpoint cut at `t` therefore keeps the
+///   timer, and the recovered job fires it.
+/// - Timers and records are interleaved in time order: a record is handed
+///   over once the watermark reaches its arrival, after every timer before
+///   that arrival (and before the timers at it). What a key's function sees, and so what it
+///   emits, does not depend on how the records and the watermark happened to
+///   interleave on the way (on the number of workers, on where a checkpoint
+///   cut fell): a recovered job emits what an uninterrupted one would.
 /// - A key whose state is `None` and which has no timer is forgotten.
 pub trait KeyedProcess<K, D>: 'static {
     /// A key's state.
@@ -53,7 +62,7 @@ pub trait KeyedProcess<K, D>: 'static {
         diff: Diff,
     );
 
-    /// The watermark reached `time`, at which the key has a timer.
+    /// The watermark passed `time`, at which the key has a timer.
     fn on_timer(&self, ctx: &mut KeyedContext<'_, K, Self::State, Self::Output>, time: Timestamp) {
         let _ = (ctx, time);
     }
@@ -135,16 +144,37 @@ impl<K, S, O> KeyedContext<'_, K, S, O> {
 }
 
 /// A key's state and timers in the operator.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(bound(serialize = "S: Serialize", deserialize = "S: DeserializeOwned"))]
 struct KeyEntry<S> {
     state: Option<S>,
     /// Its timers' times (at most a few).
     timers: SmallVec<[Timestamp; 2]>,
 }
 
+impl<S> Default for KeyEntry<S> {
+    fn default() -> Self {
+        KeyEntry { state: None, timers: SmallVec::new() }
+    }
+}
+
+impl<S> KeyEntry<S> {
+    /// What the function sees of key `key` with this entry: timers it sets
+    /// go to `scheduled`, what it emits to `out`.
+    fn context<'a, K, O>(
+        &'a mut self,
+        key: &'a K,
+        scheduled: &'a mut Vec<Timestamp>,
+        out: &'a mut Vec<(O, Timestamp, Diff)>,
+        watermark: Timestamp,
+    ) -> KeyedContext<'a, K, S, O> {
+        KeyedContext { key, state: &mut self.state, timers: &mut self.timers, scheduled, out, watermark }
+    }
+}
+
 /// The operator's state: every key's state and timers, and the timers by time.
 struct ProcessState<K, D, P: KeyedProcess<K, D>> {
-    keys: InMemory<K, KeyEntry<P::State>>,
+    keys: KeyedState<K, KeyEntry<P::State>>,
     /// Each timer with the time its output goes out at (its own, or the
     /// arrival of the record that set it if later).
     timers: Timers<(K, Timestamp)>,
@@ -153,7 +183,7 @@ struct ProcessState<K, D, P: KeyedProcess<K, D>> {
 
 impl<K, D, P: KeyedProcess<K, D>> Default for ProcessState<K, D, P> {
     fn default() -> Self {
-        ProcessState { keys: InMemory::default(), timers: Timers::default(), _process: PhantomData }
+        ProcessState { keys: KeyedState::default(), timers: Timers::default(), _process: PhantomData }
     }
 }
 
@@ -164,6 +194,10 @@ impl<K: Key, D: 'static, P: KeyedProcess<K, D>> OperatorState for ProcessState<K
     /// reads the user's state alone).
     type Entry = (K, SmallVec<[Timestamp; 2]>, Option<Vec<u8>>);
     type Prepared = ();
+
+    fn keyed_states(&mut self, each: &mut dyn FnMut(&mut dyn AnyKeyedState)) {
+        each(&mut self.keys);
+    }
 
     fn snapshot(&self, (): (), out: &mut Snapshot) {
         out.reserve(self.keys.len());
@@ -278,6 +312,10 @@ impl<'scope, D: Data> EventStream<'scope, D> {
             drop(initial);
             let mut out: Vec<(P::Output, Timestamp, Diff)> = Vec::new();
             let mut scheduled: Vec<Timestamp> = Vec::new();
+            // Records by arrival, each time promised in the hold: handed over
+            // once the watermark reaches their arrival, after every timer
+            // before it (see `KeyedProcess`).
+            let mut arrived: BTreeMap<Timestamp, Vec<Update<D>>> = BTreeMap::new();
             move |frontiers| {
                 if !state.home() {
                     return;
@@ -286,67 +324,76 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                 let watermark = watermark_of(&frontiers[0]);
                 let mut output = output.activate();
                 input.for_each_stamp(|cap, data| {
-                    let arrived = arrival_time(&cap);
+                    let at = arrival_time(&cap);
+                    let records = arrived.entry(at).or_insert_with(|| {
+                        hold.insert(at, &cap);
+                        Vec::new()
+                    });
                     for batch in data {
-                        for (record, time, diff) in batch.drain(..) {
-                            let k = key(&record);
-                            let mut entry =
-                                st.keys.remove(&k).unwrap_or(KeyEntry { state: None, timers: SmallVec::new() });
-                            let mut ctx = KeyedContext {
-                                key: &k,
-                                state: &mut entry.state,
-                                timers: &mut entry.timers,
-                                scheduled: &mut scheduled,
-                                out: &mut out,
-                                watermark,
-                            };
-                            process.on_record(&mut ctx, record, time, diff);
-                            for t in scheduled.drain(..) {
-                                let emit_at = t.max(arrived);
-                                hold.insert(emit_at, &cap);
-                                st.timers.schedule(t, (k.clone(), emit_at));
-                            }
-                            if entry.state.is_some() || !entry.timers.is_empty() {
-                                st.keys.insert(k, entry);
-                            }
-                        }
-                    }
-                    if !out.is_empty() {
-                        output.session(&cap).give_iterator(out.drain(..));
+                        records.append(batch);
                     }
                 });
-                // Timers the watermark has reached, in time order.
-                while let Some((t, due)) = st.timers.pop_due(watermark) {
-                    for (k, emit_at) in due {
-                        hold.remove(emit_at);
-                        let Some(mut entry) = st.keys.remove(&k) else { continue };
-                        // A cancelled timer (or one set again) is not due.
-                        if let Some(i) = entry.timers.iter().position(|x| *x == t) {
-                            entry.timers.remove(i);
-                            let mut ctx = KeyedContext {
-                                key: &k,
-                                state: &mut entry.state,
-                                timers: &mut entry.timers,
-                                scheduled: &mut scheduled,
-                                out: &mut out,
-                                watermark,
-                            };
-                            process.on_timer(&mut ctx, t);
-                            for later in scheduled.drain(..) {
-                                // Set from a timer: at or after its time.
-                                let emit_at = later.max(emit_at);
-                                hold.promise(emit_at);
-                                st.timers.schedule(later, (k.clone(), emit_at));
+                // Timers and records in time order, the records that arrive at a
+                // timer's time before it.
+                loop {
+                    let records_at = arrived.first_key_value().map(|(t, _)| *t).filter(|t| *t <= watermark);
+                    let timers_at = st.timers.next().filter(|t| *t < watermark);
+                    match (timers_at, records_at) {
+                        (Some(t), r) if r.is_none_or(|r| t < r) => {
+                            let (t, due) = st.timers.pop_due(t).expect("a timer is due at its time");
+                            for (k, emit_at) in due {
+                                hold.remove(emit_at);
+                                let Some(mut entry) = st.keys.remove(&k) else { continue };
+                                // A cancelled timer (or one set again) is not due.
+                                if let Some(i) = entry.timers.iter().position(|x| *x == t) {
+                                    entry.timers.remove(i);
+                                    process.on_timer(&mut entry.context(&k, &mut scheduled, &mut out, watermark), t);
+                                    for later in scheduled.drain(..) {
+                                        // Set from a timer: at or after its time.
+                                        let emit_at = later.max(emit_at);
+                                        hold.promise(emit_at);
+                                        st.timers.schedule(later, (k.clone(), emit_at));
+                                    }
+                                    if !out.is_empty() {
+                                        output.session(&hold.at(emit_at)).give_iterator(out.drain(..));
+                                    }
+                                }
+                                if entry.state.is_some() || !entry.timers.is_empty() {
+                                    st.keys.insert(k, entry);
+                                }
+                            }
+                        }
+                        (_, Some(at)) => {
+                            let records = arrived.remove(&at).expect("records wait at their arrival");
+                            for (record, time, diff) in records {
+                                let k = key(&record);
+                                let mut entry = st.keys.remove(&k).unwrap_or_default();
+                                process.on_record(
+                                    &mut entry.context(&k, &mut scheduled, &mut out, watermark),
+                                    record,
+                                    time,
+                                    diff,
+                                );
+                                for t in scheduled.drain(..) {
+                                    let emit_at = t.max(at);
+                                    hold.promise(emit_at);
+                                    st.timers.schedule(t, (k.clone(), emit_at));
+                                }
+                                if entry.state.is_some() || !entry.timers.is_empty() {
+                                    st.keys.insert(k, entry);
+                                }
                             }
                             if !out.is_empty() {
-                                output.session(&hold.at(emit_at)).give_iterator(out.drain(..));
+                                output.session(&hold.at(at)).give_iterator(out.drain(..));
                             }
+                            hold.remove(at);
                         }
-                        if entry.state.is_some() || !entry.timers.is_empty() {
-                            st.keys.insert(k, entry);
-                        }
+                        _ => break,
                     }
                 }
+                // A cut is taken at a watermark the gate holds: every record
+                // before it has arrived and was handed over.
+                debug_assert!(!state.due(watermark) || arrived.is_empty(), "records wait across a cut");
                 hold.settle(None);
                 state.checkpoint(watermark, ());
             }

@@ -13,8 +13,8 @@ use timely::dataflow::Scope;
 use timely::progress::frontier::MutableAntichain;
 use timely::scheduling::Activator;
 
-use super::{OperatorState, Snapshot};
-use crate::checkpoint::{keyed_input, Away, Checkpointer, KeyPact, Restored, StateError};
+use super::{Backend, OperatorState, Snapshot};
+use crate::checkpoint::{keyed_input, Away, Checkpointer, KeyPact, Restored, Schema, StateError};
 use crate::key::Data;
 use crate::stream::{EventStream, Update};
 use crate::time::Timestamp;
@@ -213,8 +213,9 @@ impl<'scope, S: OperatorState> StatefulBuilder<'scope, S> {
         L: FnMut(&[MutableAntichain<Timestamp>]) + 'static,
     {
         let checkpointer = self.checkpointer;
+        let backend = Backend::of(&self.scope);
         self.builder.build(move |capabilities| {
-            let managed = Managed::new(checkpointer);
+            let managed = Managed::new(checkpointer, backend);
             constructor(capabilities, managed)
         });
     }
@@ -233,6 +234,8 @@ pub struct Managed<S> {
     away: Option<Away<S>>,
     /// Set while the state is away (cheap test in [`Managed::home`]).
     is_away: Cell<bool>,
+    /// Whether the backend failed (reported once).
+    backend_failed: bool,
 }
 
 impl<S> std::fmt::Debug for Managed<S> {
@@ -242,8 +245,32 @@ impl<S> std::fmt::Debug for Managed<S> {
 }
 
 impl<S: OperatorState> Managed<S> {
-    fn new(checkpointer: Option<Checkpointer>) -> Self {
-        Managed { state: S::default(), checkpointer, away: None, is_away: Cell::new(false) }
+    fn new(checkpointer: Option<Checkpointer>, backend: Backend) -> Self {
+        let mut state = S::default();
+        state.keyed_states(&mut |keyed| keyed.open(backend));
+        Managed { state, checkpointer, away: None, is_away: Cell::new(false), backend_failed: false }
+    }
+
+    /// Writes back what the activation changed in the state's
+    /// [`KeyedState`](super::KeyedState)s ([`OperatorState::keyed_states`]);
+    /// a backend's failure fails the job's checkpointing (reported once; a
+    /// job without checkpoints logs it).
+    fn flush(&mut self) {
+        let mut failed = None;
+        self.state.keyed_states(&mut |keyed| {
+            if let Err(e) = keyed.flush() {
+                failed.get_or_insert(e);
+            }
+        });
+        if let Some(reason) = failed {
+            if !std::mem::replace(&mut self.backend_failed, true) {
+                let error = StateError::Backend { schema: S::SCHEMA, reason };
+                match self.checkpointer.as_ref() {
+                    Some(c) => c.fail(error),
+                    None => tracing::error!(%error, "operator state is not kept"),
+                }
+            }
+        }
     }
 
     /// Whether the job is checkpointed.
@@ -308,7 +335,8 @@ impl<S: OperatorState> Managed<S> {
         self.checkpointer.as_ref().is_some_and(|c| c.due(watermark).is_some())
     }
 
-    /// Snapshots the state if a cut is due at `watermark` (everything the
+    /// Ends the activation: writes back what it changed in the state's
+    /// backend, and snapshots the state if a cut is due at `watermark` (everything the
     /// watermark completes having been emitted), with `prepared` computed on
     /// the worker: the state moves to a background thread until it comes
     /// back ([`home`](Self::home)). The final cut is taken in place.
@@ -319,6 +347,7 @@ impl<S: OperatorState> Managed<S> {
     /// [`checkpoint`](Self::checkpoint), computing what the snapshot needs
     /// from the worker's side only if a cut is due.
     pub fn checkpoint_with(&mut self, watermark: Timestamp, prepare: impl FnOnce(&S) -> S::Prepared) {
+        self.flush();
         let Some(c) = self.checkpointer.as_ref() else { return };
         let Some(cut) = c.due(watermark) else { return };
         let prepared = prepare(&self.state);
@@ -373,6 +402,12 @@ impl<S: OperatorState> RestoredEntries<S> {
     /// skipped and reported (the first such error fails the checkpointing).
     pub fn for_each(&mut self, mut each: impl FnMut(S::Entry)) {
         let version = self.restored.schema().map_or(S::SCHEMA.version, |s| s.version);
+        if version != S::SCHEMA.version && !S::MIGRATES_FROM.contains(&version) {
+            // Refused when the dataflow was registered; nothing of it is read.
+            let found = Schema { name: S::SCHEMA.name.clone(), version };
+            self.error.get_or_insert(StateError::Schema { found, expected: S::SCHEMA });
+            return;
+        }
         let error = &mut self.error;
         let result = self.restored.try_for_each(|_route, bytes| {
             let entry = if version == S::SCHEMA.version {

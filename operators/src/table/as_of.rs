@@ -12,11 +12,13 @@ use timely::dataflow::operators::{Capability, InputCapability};
 
 use super::Table;
 use crate::hold::Hold;
-use crate::key::{route, Data, Key, StateMap};
+use crate::key::{route, Data, Key};
 use crate::late::{Counter, LateOutput};
 use crate::state::multiset::bump;
 use crate::state::pending::Pending;
-use crate::state::{ActiveOutput, OperatorState, RestoredEntries, Schema, Snapshot, Stateful};
+use crate::state::{
+    ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot, Stateful,
+};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
 
@@ -60,13 +62,13 @@ impl<V: PartialEq + Clone> Versioned<V> {
 /// An as-of join's state: the table's versions by key, and the events
 /// waiting for the table's watermark.
 struct AsOfState<K, V, D> {
-    versions: StateMap<K, Versioned<V>>,
+    versions: KeyedState<K, Versioned<V>>,
     waiting: Pending<(D, Diff)>,
 }
 
 impl<K, V, D> Default for AsOfState<K, V, D> {
     fn default() -> Self {
-        AsOfState { versions: StateMap::default(), waiting: Pending::default() }
+        AsOfState { versions: KeyedState::default(), waiting: Pending::default() }
     }
 }
 
@@ -77,11 +79,13 @@ impl<K: Key, V: Data, D: Data> OperatorState for AsOfState<K, V, D> {
     /// stays on the worker: it need not be `Send`).
     type Prepared = Vec<u64>;
 
+    fn keyed_states(&mut self, each: &mut dyn FnMut(&mut dyn AnyKeyedState)) {
+        each(&mut self.versions);
+    }
+
     fn snapshot(&self, routes: Vec<u64>, out: &mut Snapshot) {
         out.reserve(self.versions.len() + routes.len());
-        for (k, versioned) in self.versions.iter() {
-            out.push(route(k), &AsOfEntry::<_, _, ()>::Versions(k, versioned));
-        }
+        self.versions.for_each(|k, versioned| out.push(route(k), &AsOfEntry::<_, _, ()>::Versions(k, versioned)));
         for ((t, (record, diff), emit_at), route) in self.waiting.iter().zip(routes) {
             out.push(route, &AsOfEntry::<(), (), _>::Waiting(t, record, *diff, emit_at));
         }
@@ -287,7 +291,7 @@ impl<K: Key, KF, F> AsOfJoin<K, KF, F> {
     /// horizon passes it.
     fn take_table<V: Data + PartialEq>(
         &mut self,
-        versions: &mut StateMap<K, Versioned<V>>,
+        versions: &mut KeyedState<K, Versioned<V>>,
         data: IterMut<'_, Vec<Update<(K, V)>>>,
     ) {
         for batch in data {
@@ -296,9 +300,8 @@ impl<K: Key, KF, F> AsOfJoin<K, KF, F> {
                 batch.clear();
             }
             for ((k, v), time, diff) in batch.drain(..) {
-                let entry = versions
-                    .entry(k.clone())
-                    .or_insert_with(|| Versioned { base: SmallVec::new(), changes: Vec::new() });
+                let entry =
+                    versions.get_or_insert_with(k.clone(), || Versioned { base: SmallVec::new(), changes: Vec::new() });
                 if time <= self.horizon {
                     bump(&mut entry.base, &v, diff);
                     if entry.base.is_empty() && entry.changes.is_empty() {
@@ -314,9 +317,9 @@ impl<K: Key, KF, F> AsOfJoin<K, KF, F> {
     }
 
     /// `record`, at `time`, joined with its key's value as of `time`.
-    fn join<V, D, O>(&self, versions: &StateMap<K, Versioned<V>>, record: D, time: Timestamp) -> Option<O>
+    fn join<V, D, O>(&self, versions: &mut KeyedState<K, Versioned<V>>, record: D, time: Timestamp) -> Option<O>
     where
-        V: PartialEq + Clone,
+        V: Data + PartialEq,
         KF: Fn(&D) -> K,
         F: Fn(D, Option<&V>) -> Option<O>,
     {
@@ -337,7 +340,7 @@ impl<K: Key, KF, F> AsOfJoin<K, KF, F> {
         results: &mut ActiveOutput<'_, O>,
         late: &mut ActiveOutput<'_, D>,
     ) where
-        V: PartialEq + Clone,
+        V: Data + PartialEq,
         D: Data,
         O: Data,
         KF: Fn(&D) -> K,
@@ -372,7 +375,7 @@ impl<K: Key, KF, F> AsOfJoin<K, KF, F> {
         table_watermark: Timestamp,
         results: &mut ActiveOutput<'_, O>,
     ) where
-        V: PartialEq + Clone,
+        V: Data + PartialEq,
         O: Data,
         KF: Fn(&D) -> K,
         F: Fn(D, Option<&V>) -> Option<O>,
@@ -391,7 +394,7 @@ impl<K: Key, KF, F> AsOfJoin<K, KF, F> {
 
     /// Forgets the versions before the earliest time an event can still ask
     /// for, now that the stream's watermark is `stream_watermark`.
-    fn compact<V: PartialEq + Clone, D>(
+    fn compact<V: Data + PartialEq, D>(
         &mut self,
         AsOfState { versions, waiting }: &mut AsOfState<K, V, D>,
         stream_watermark: Timestamp,
@@ -401,7 +404,7 @@ impl<K: Key, KF, F> AsOfJoin<K, KF, F> {
         if stream_watermark == END_OF_TIME && waiting.first_time().is_none() {
             // The events are done: the table's versions serve nobody.
             self.horizon = END_OF_TIME;
-            *versions = StateMap::default();
+            versions.clear();
             self.due.clear();
         } else if next > self.horizon {
             self.horizon = next.saturating_sub(1);

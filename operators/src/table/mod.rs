@@ -62,9 +62,9 @@ use differential_dataflow::trace::implementations::ValSpine;
 use differential_dataflow::VecCollection;
 use smallvec::SmallVec;
 
-use crate::key::{route, Data, Key, StateMap};
+use crate::key::{route, Data, Key};
 use crate::late::{Counter, LateOutput};
-use crate::state::{OperatorState, Schema, Snapshot, Stateful};
+use crate::state::{AnyKeyedState, KeyedState, OperatorState, Schema, Snapshot, Stateful};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
 
@@ -171,17 +171,17 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
         let (mut log_out, log) = builder.output::<(K, V)>();
         let (mut late_out, late) = builder.output::<(K, Option<V>)>();
         let count = Counter::new();
-        let counter = count.clone();
+        let mut op =
+            UpsertOp { lateness, counter: count.clone(), due: BTreeMap::new(), log: Vec::new(), late: Vec::new() };
 
         builder.build(move |_caps, mut managed| {
-            let mut due: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
             // Recovery: each key's history, and its compaction schedule. The
             // changelog up to the cut went out before it: nothing is owed.
             managed.restore(|Upserts(tables), _time, entries| {
                 tables.reserve(entries.len());
                 entries.for_each(|(k, history)| {
                     if history.scheduled != Timestamp::MAX {
-                        due.entry(history.scheduled).or_default().push(k.clone());
+                        op.due.entry(history.scheduled).or_default().push(k.clone());
                     }
                     tables.insert(k, history);
                 });
@@ -197,100 +197,20 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
                 let mut late = late_out.activate();
                 input.for_each_stamp(|cap, data| {
                     let arrived = arrival_time(&cap);
-                    let mut session = log.session(&cap);
                     for batch in data {
                         for ((k, v), time, diff) in batch.drain(..) {
-                            if lateness.release_at(time.saturating_add(1)) <= arrived {
-                                late.session(&cap).give(((k, v), time, diff));
-                                counter.add(1);
-                                continue;
-                            }
-                            if diff == 0 {
-                                continue;
-                            }
-                            let history = if diff > 0 {
-                                tables
-                                    .entry(k.clone())
-                                    .or_insert_with(|| History { versions: SmallVec::new(), scheduled: Timestamp::MAX })
-                            } else {
-                                // An undo of an upsert this key does not hold changes nothing.
-                                match tables.get_mut(&k) {
-                                    Some(history) => history,
-                                    None => continue,
-                                }
-                            };
-                            let versions = &mut history.versions;
-                            let at = versions.partition_point(|(t, _)| *t <= time);
-                            let exact = at > 0 && versions[at - 1].0 == time;
-                            // The value on [time, next) before and after this upsert.
-                            let (old, new, next) = if diff > 0 {
-                                let old = if exact {
-                                    std::mem::replace(&mut versions[at - 1].1, v.clone())
-                                } else {
-                                    let old = at.checked_sub(1).and_then(|i| versions[i].1.clone());
-                                    versions.insert(at, (time, v.clone()));
-                                    old
-                                };
-                                let next = versions.get(if exact { at } else { at + 1 }).map(|(t, _)| *t);
-                                (old, v, next)
-                            } else if exact && versions[at - 1].1 == v {
-                                versions.remove(at - 1);
-                                let before = (at >= 2).then(|| versions[at - 2].1.clone()).flatten();
-                                (v, before, versions.get(at - 1).map(|(t, _)| *t))
-                            } else {
-                                continue;
-                            };
-                            if old != new {
-                                let mut change = |value: Option<V>, t: Timestamp, d: Diff| {
-                                    if let Some(value) = value {
-                                        session.give(((k.clone(), value), t, d));
-                                    }
-                                };
-                                change(old.clone(), time, -1);
-                                change(new.clone(), time, 1);
-                                if let Some(next) = next {
-                                    change(new, next, -1);
-                                    change(old, next, 1);
-                                }
-                            }
-                            match history.compact_from() {
-                                Some(from) if lateness.release_at(from.saturating_add(1)) < history.scheduled => {
-                                    history.scheduled = lateness.release_at(from.saturating_add(1));
-                                    due.entry(history.scheduled).or_default().push(k);
-                                }
-                                None if history.versions.is_empty() => {
-                                    tables.remove(&k);
-                                }
-                                _ => {}
-                            }
+                            op.take(tables, k, v, time, diff, arrived);
                         }
+                    }
+                    if !op.log.is_empty() {
+                        log.session(&cap).give_iterator(op.log.drain(..));
+                    }
+                    if !op.late.is_empty() {
+                        late.session(&cap).give_iterator(op.late.drain(..));
                     }
                 });
-
-                // Compaction: versions no record can reach any more.
                 let watermark = watermark_of(&frontiers[0]);
-                // A record at `watermark - lateness` is still accepted, and an undo
-                // there needs the version before it: keep the latest one before.
-                let horizon = watermark.saturating_sub(lateness.0).saturating_sub(1);
-                while let Some(entry) = due.first_entry() {
-                    if *entry.key() > watermark || watermark == END_OF_TIME {
-                        break;
-                    }
-                    let (time, keys) = entry.remove_entry();
-                    for k in keys {
-                        let Some(history) = tables.get_mut(&k) else { continue };
-                        if history.scheduled != time {
-                            continue;
-                        }
-                        history.scheduled = Timestamp::MAX;
-                        if history.compact(horizon) {
-                            tables.remove(&k);
-                        } else if let Some(from) = history.compact_from() {
-                            history.scheduled = lateness.release_at(from.saturating_add(1)).max(time.saturating_add(1));
-                            due.entry(history.scheduled).or_default().push(k);
-                        }
-                    }
-                }
+                op.compact(tables, watermark);
                 managed.checkpoint(watermark, ());
             }
         });
@@ -327,12 +247,131 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
     }
 }
 
+/// The upsert operator's work on a worker: each upsert applied to its key's
+/// history with the changelog it makes ([`take`](Self::take)), and
+/// histories compacted as the watermark passes the versions no record can
+/// reach any more ([`compact`](Self::compact)).
+struct UpsertOp<K, V> {
+    lateness: AllowedLateness,
+    counter: Counter,
+    /// Keys by the time a compaction of their history is scheduled for.
+    due: BTreeMap<Timestamp, Vec<K>>,
+    /// The changelog and the late upserts of the stamp being taken in.
+    log: Vec<Update<(K, V)>>,
+    late: Vec<Update<(K, Option<V>)>>,
+}
+
+impl<K: Key, V: Data + PartialEq> UpsertOp<K, V> {
+    /// Applies the upsert `(k, v)` at `time` (an undo if `diff` < 0) that
+    /// arrived at `arrived`: the key's value on `[time, next version)`
+    /// changes, and the changelog says so.
+    fn take(
+        &mut self,
+        tables: &mut KeyedState<K, History<V>>,
+        k: K,
+        v: Option<V>,
+        time: Timestamp,
+        diff: Diff,
+        arrived: Timestamp,
+    ) {
+        if self.lateness.release_at(time.saturating_add(1)) <= arrived {
+            self.late.push(((k, v), time, diff));
+            self.counter.add(1);
+            return;
+        }
+        if diff == 0 {
+            return;
+        }
+        let history = if diff > 0 {
+            tables.get_or_insert_with(k.clone(), || History { versions: SmallVec::new(), scheduled: Timestamp::MAX })
+        } else {
+            // An undo of an upsert this key does not hold changes nothing.
+            match tables.get_mut(&k) {
+                Some(history) => history,
+                None => return,
+            }
+        };
+        let versions = &mut history.versions;
+        let at = versions.partition_point(|(t, _)| *t <= time);
+        let exact = at > 0 && versions[at - 1].0 == time;
+        // The value on [time, next) before and after this upsert.
+        let (old, new, next) = if diff > 0 {
+            let old = if exact {
+                std::mem::replace(&mut versions[at - 1].1, v.clone())
+            } else {
+                let old = at.checked_sub(1).and_then(|i| versions[i].1.clone());
+                versions.insert(at, (time, v.clone()));
+                old
+            };
+            let next = versions.get(if exact { at } else { at + 1 }).map(|(t, _)| *t);
+            (old, v, next)
+        } else if exact && versions[at - 1].1 == v {
+            versions.remove(at - 1);
+            let before = (at >= 2).then(|| versions[at - 2].1.clone()).flatten();
+            (v, before, versions.get(at - 1).map(|(t, _)| *t))
+        } else {
+            return;
+        };
+        if old != new {
+            let log = &mut self.log;
+            let mut change = |value: Option<V>, t: Timestamp, d: Diff| {
+                if let Some(value) = value {
+                    log.push(((k.clone(), value), t, d));
+                }
+            };
+            change(old.clone(), time, -1);
+            change(new.clone(), time, 1);
+            if let Some(next) = next {
+                change(new, next, -1);
+                change(old, next, 1);
+            }
+        }
+        match history.compact_from() {
+            Some(from) if self.lateness.release_at(from.saturating_add(1)) < history.scheduled => {
+                history.scheduled = self.lateness.release_at(from.saturating_add(1));
+                self.due.entry(history.scheduled).or_default().push(k);
+            }
+            None if history.versions.is_empty() => {
+                tables.remove(&k);
+            }
+            _ => {}
+        }
+    }
+
+    /// Compaction: forgets the versions no record can reach any more now
+    /// that the watermark is at `watermark`.
+    fn compact(&mut self, tables: &mut KeyedState<K, History<V>>, watermark: Timestamp) {
+        // A record at `watermark - lateness` is still accepted, and an undo
+        // there needs the version before it: keep the latest one before.
+        let horizon = watermark.saturating_sub(self.lateness.0).saturating_sub(1);
+        while let Some(entry) = self.due.first_entry() {
+            if *entry.key() > watermark || watermark == END_OF_TIME {
+                break;
+            }
+            let (time, keys) = entry.remove_entry();
+            for k in keys {
+                let Some(history) = tables.get_mut(&k) else { continue };
+                if history.scheduled != time {
+                    continue;
+                }
+                history.scheduled = Timestamp::MAX;
+                if history.compact(horizon) {
+                    tables.remove(&k);
+                } else if let Some(from) = history.compact_from() {
+                    history.scheduled = self.lateness.release_at(from.saturating_add(1)).max(time.saturating_add(1));
+                    self.due.entry(history.scheduled).or_default().push(k);
+                }
+            }
+        }
+    }
+}
+
 /// A key's upserts in an upsert table's state.
-struct Upserts<K, V>(StateMap<K, History<V>>);
+struct Upserts<K, V>(KeyedState<K, History<V>>);
 
 impl<K, V> Default for Upserts<K, V> {
     fn default() -> Self {
-        Upserts(StateMap::default())
+        Upserts(KeyedState::default())
     }
 }
 
@@ -342,10 +381,12 @@ impl<K: Key, V: Data> OperatorState for Upserts<K, V> {
     type Entry = (K, History<V>);
     type Prepared = ();
 
+    fn keyed_states(&mut self, each: &mut dyn FnMut(&mut dyn AnyKeyedState)) {
+        each(&mut self.0);
+    }
+
     fn snapshot(&self, (): (), out: &mut Snapshot) {
         out.reserve(self.0.len());
-        for (k, h) in self.0.iter() {
-            out.push(route(k), &(k, h));
-        }
+        self.0.for_each(|k, h| out.push(route(k), &(k, h)));
     }
 }

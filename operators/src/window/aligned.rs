@@ -4,16 +4,19 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
 use std::rc::Rc;
+use std::slice::IterMut;
 
 use smallvec::SmallVec;
 use timely::dataflow::operators::InputCapability;
+use timely::scheduling::Activator;
 
 use super::{skeleton, AssignWindows, Skeleton, Window, WindowResult, Windowed};
 use crate::aggregate::Aggregate;
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
-use crate::state::{OperatorState, RestoredEntries, Schema, Snapshot};
-use crate::stream::EventStream;
+use crate::late::Counter;
+use crate::state::{ActiveOutput, OperatorState, RestoredEntries, Schema, Snapshot};
+use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
 
 /// Results a window operator emits per activation when it fires windows it
@@ -193,16 +196,22 @@ where
     let key = Rc::new(key);
     let (Skeleton { builder, mut input, results: mut results_out, late: mut late_out, late_count }, windowed) =
         skeleton::<State<K, A::Acc, A::Output>, _, _, _, _>(stream, name, &key);
-    let counter = late_count;
     let activator = builder.activator();
 
     builder.build(move |initial_capabilities, mut managed| {
-        let mut hold = Hold::default();
-        managed.restore(|state, time, entries| state.restore(time, entries, &mut hold, &initial_capabilities));
+        let mut op = AlignedOp {
+            key,
+            windows,
+            agg,
+            lateness,
+            counter: late_count,
+            activator,
+            hold: Hold::default(),
+            assigned: SmallVec::new(),
+            firing: VecDeque::new(),
+        };
+        managed.restore(|state, time, entries| state.restore(time, entries, &mut op.hold, &initial_capabilities));
         drop(initial_capabilities);
-        let mut assigned: SmallVec<[Window; 4]> = SmallVec::new();
-        // Windows being fired (without lateness): end, output time, slots left.
-        let mut firing: VecDeque<Firing<K, A::Acc, A::Output>> = VecDeque::new();
         move |frontiers| {
             if !managed.home() {
                 return;
@@ -210,117 +219,172 @@ where
             let state = managed.get();
             let mut results = results_out.activate();
             let mut late = late_out.activate();
-
-            input.for_each_stamp(|cap, data| {
-                let arrived = arrival_time(&cap);
-                let mut late_session = late.session(&cap);
-                for batch in data {
-                    for (record, time, diff) in batch.drain(..) {
-                        assigned.clear();
-                        windows.assign(&record, time, &mut assigned);
-                        let k = key(&record);
-                        let mut taken = false;
-                        for window in assigned.iter() {
-                            if lateness.release_at(window.end) <= arrived {
-                                continue;
-                            }
-                            taken = true;
-                            let slot = state.slot(*window, &k, arrived, &mut hold, &cap, || agg.init());
-                            agg.update(&mut slot.acc, &record, diff);
-                        }
-                        if !taken {
-                            late_session.give((record, time, diff));
-                            counter.add(1);
-                        }
-                    }
-                }
-                drop(late_session);
-                // Corrections of windows that had fired go out at the arrival time.
-                if !state.dirty.is_empty() {
-                    let mut session = results.session(&cap);
-                    for (end, start, k) in state.dirty.drain(..) {
-                        let slot = state
-                            .buckets
-                            .get_mut(&end)
-                            .and_then(|b| b.slots.get_mut(&(start, k.clone())))
-                            .expect("a dirty window is released only after its correction");
-                        slot.dirty = false;
-                        let window = Window::new(start, end);
-                        if let Some(old) = slot.emitted.take() {
-                            session.give((WindowResult { window, key: k.clone(), value: old }, end - 1, -1));
-                        }
-                        if let Some(new) = agg.output(&slot.acc) {
-                            slot.emitted = Some(new.clone());
-                            session.give((WindowResult { window, key: k, value: new }, end - 1, 1));
-                        }
-                    }
-                }
-            });
-
+            input.for_each_stamp(|cap, data| op.take(state, &cap, data, &mut results, &mut late));
             let watermark = watermark_of(&frontiers[0]);
-            if watermark > state.fired_upto && lateness.0 == 0 {
-                // Released as they fire: taken out, and fired over as many
-                // activations as the fuel asks.
-                let range = (Bound::Excluded(state.fired_upto), Bound::Included(watermark));
-                let ends: Vec<Timestamp> = state.buckets.range(range).map(|(end, _)| *end).collect();
-                for end in ends {
-                    let bucket = state.buckets.remove(&end).expect("listed above");
-                    firing.push_back((end, bucket.emit_at, bucket.slots.into_iter()));
-                }
-                state.fired_upto = watermark;
-            } else if watermark > state.fired_upto {
-                let range = (Bound::Excluded(state.fired_upto), Bound::Included(watermark));
-                for (&end, bucket) in state.buckets.range_mut(range) {
-                    let cap = hold.at(bucket.emit_at);
-                    let mut session = results.session(&cap);
-                    for ((start, k), slot) in bucket.slots.iter_mut() {
-                        if let Some(value) = agg.output(&slot.acc) {
-                            // Without lateness a fired window is never corrected: no need to
-                            // remember what to retract.
-                            if lateness.0 > 0 {
-                                slot.emitted = Some(value.clone());
-                            }
-                            let window = Window::new(*start, end);
-                            session.give((WindowResult { window, key: k.clone(), value }, end - 1, 1));
-                        }
-                    }
-                    hold.remove(bucket.emit_at);
-                }
-                state.fired_upto = watermark;
-                hold.settle(None);
-                // Released once no record can still reach the window.
-                while let Some(entry) = state.buckets.first_entry() {
-                    if lateness.release_at(*entry.key()) > watermark {
-                        break;
-                    }
-                    entry.remove();
-                }
-            }
-            let mut fuel = FIRE_FUEL;
-            while let Some((end, emit_at, slots)) = firing.front_mut() {
-                let cap = hold.at(*emit_at);
-                let mut session = results.session(&cap);
-                while fuel > 0 {
-                    let Some(((start, k), slot)) = slots.next() else { break };
-                    fuel -= 1;
-                    if let Some(value) = agg.output(&slot.acc) {
-                        let window = Window::new(start, *end);
-                        session.give((WindowResult { window, key: k, value }, *end - 1, 1));
-                    }
-                }
-                if slots.len() > 0 {
-                    activator.activate();
-                    break;
-                }
-                hold.remove(*emit_at);
-                firing.pop_front();
-            }
-            hold.settle(None);
-            if firing.is_empty() {
+            op.fire(state, watermark, &mut results);
+            if op.fire_released(&mut results) {
                 managed.checkpoint(watermark, ());
             }
         }
     });
 
     windowed
+}
+
+/// The aligned-window operator's work on a worker, step by step: records
+/// into their windows' slots ([`take`](Self::take), with the corrections of
+/// windows that had fired), windows fired as the watermark completes them
+/// ([`fire`](Self::fire)), and, without lateness, the released windows fired
+/// over as many activations as the fuel asks ([`fire_released`](Self::fire_released)).
+struct AlignedOp<K, KF, W, A: Aggregate<D>, D> {
+    key: Rc<KF>,
+    windows: W,
+    agg: A,
+    lateness: AllowedLateness,
+    counter: Counter,
+    activator: Activator,
+    hold: Hold,
+    /// Scratch: the windows of the record being taken in.
+    assigned: SmallVec<[Window; 4]>,
+    /// Windows being fired (without lateness): end, output time, slots left.
+    firing: VecDeque<Firing<K, A::Acc, A::Output>>,
+}
+
+impl<K, KF, W, A, D> AlignedOp<K, KF, W, A, D>
+where
+    K: Key,
+    KF: Fn(&D) -> K,
+    W: AssignWindows<D>,
+    A: Aggregate<D>,
+    D: Data,
+{
+    /// Takes in the records of one stamp: each into the slots of its windows
+    /// that are not released yet (late if none), then the corrections of
+    /// windows that had fired, at the arrival time.
+    fn take(
+        &mut self,
+        state: &mut State<K, A::Acc, A::Output>,
+        cap: &InputCapability<Timestamp>,
+        data: IterMut<'_, Vec<Update<D>>>,
+        results: &mut ActiveOutput<'_, WindowResult<K, A::Output>>,
+        late: &mut ActiveOutput<'_, D>,
+    ) {
+        let arrived = arrival_time(cap);
+        let mut late_session = late.session(cap);
+        for batch in data {
+            for (record, time, diff) in batch.drain(..) {
+                self.assigned.clear();
+                self.windows.assign(&record, time, &mut self.assigned);
+                let k = (self.key)(&record);
+                let mut taken = false;
+                for window in self.assigned.iter() {
+                    if self.lateness.release_at(window.end) <= arrived {
+                        continue;
+                    }
+                    taken = true;
+                    let slot = state.slot(*window, &k, arrived, &mut self.hold, cap, || self.agg.init());
+                    self.agg.update(&mut slot.acc, &record, diff);
+                }
+                if !taken {
+                    late_session.give((record, time, diff));
+                    self.counter.add(1);
+                }
+            }
+        }
+        drop(late_session);
+        // Corrections of windows that had fired go out at the arrival time.
+        if !state.dirty.is_empty() {
+            let mut session = results.session(cap);
+            for (end, start, k) in state.dirty.drain(..) {
+                let slot = state
+                    .buckets
+                    .get_mut(&end)
+                    .and_then(|b| b.slots.get_mut(&(start, k.clone())))
+                    .expect("a dirty window is released only after its correction");
+                slot.dirty = false;
+                let window = Window::new(start, end);
+                if let Some(old) = slot.emitted.take() {
+                    session.give((WindowResult { window, key: k.clone(), value: old }, end - 1, -1));
+                }
+                if let Some(new) = self.agg.output(&slot.acc) {
+                    slot.emitted = Some(new.clone());
+                    session.give((WindowResult { window, key: k, value: new }, end - 1, 1));
+                }
+            }
+        }
+    }
+
+    /// Fires the windows the watermark completes: without lateness they are
+    /// released as they fire (queued for [`fire_released`](Self::fire_released));
+    /// with lateness they fire in place and are released once no record can
+    /// still reach them.
+    fn fire(
+        &mut self,
+        state: &mut State<K, A::Acc, A::Output>,
+        watermark: Timestamp,
+        results: &mut ActiveOutput<'_, WindowResult<K, A::Output>>,
+    ) {
+        if watermark <= state.fired_upto {
+            return;
+        }
+        let range = (Bound::Excluded(state.fired_upto), Bound::Included(watermark));
+        if self.lateness.0 == 0 {
+            let ends: Vec<Timestamp> = state.buckets.range(range).map(|(end, _)| *end).collect();
+            for end in ends {
+                let bucket = state.buckets.remove(&end).expect("listed above");
+                self.firing.push_back((end, bucket.emit_at, bucket.slots.into_iter()));
+            }
+            state.fired_upto = watermark;
+            return;
+        }
+        for (&end, bucket) in state.buckets.range_mut(range) {
+            let cap = self.hold.at(bucket.emit_at);
+            let mut session = results.session(&cap);
+            for ((start, k), slot) in bucket.slots.iter_mut() {
+                if let Some(value) = self.agg.output(&slot.acc) {
+                    // Remembered: a record within the lateness corrects it.
+                    slot.emitted = Some(value.clone());
+                    let window = Window::new(*start, end);
+                    session.give((WindowResult { window, key: k.clone(), value }, end - 1, 1));
+                }
+            }
+            self.hold.remove(bucket.emit_at);
+        }
+        state.fired_upto = watermark;
+        self.hold.settle(None);
+        // Released once no record can still reach the window.
+        while let Some(entry) = state.buckets.first_entry() {
+            if self.lateness.release_at(*entry.key()) > watermark {
+                break;
+            }
+            entry.remove();
+        }
+    }
+
+    /// Fires the released windows' slots, [`FIRE_FUEL`] of them per
+    /// activation (asking for another while some are left); whether all
+    /// have gone out.
+    fn fire_released(&mut self, results: &mut ActiveOutput<'_, WindowResult<K, A::Output>>) -> bool {
+        let mut fuel = FIRE_FUEL;
+        while let Some((end, emit_at, slots)) = self.firing.front_mut() {
+            let cap = self.hold.at(*emit_at);
+            let mut session = results.session(&cap);
+            while fuel > 0 {
+                let Some(((start, k), slot)) = slots.next() else { break };
+                fuel -= 1;
+                if let Some(value) = self.agg.output(&slot.acc) {
+                    let window = Window::new(start, *end);
+                    session.give((WindowResult { window, key: k, value }, *end - 1, 1));
+                }
+            }
+            if slots.len() > 0 {
+                self.activator.activate();
+                break;
+            }
+            self.hold.remove(*emit_at);
+            self.firing.pop_front();
+        }
+        self.hold.settle(None);
+        self.firing.is_empty()
+    }
 }

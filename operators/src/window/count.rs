@@ -9,7 +9,8 @@ use super::{consolidate, skeleton, Skeleton, Window, WindowResult, WindowSpec, W
 use crate::aggregate::Aggregate;
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
-use crate::state::{OperatorState, Schema, Snapshot};
+use crate::late::Counter;
+use crate::state::{ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp};
 
@@ -117,13 +118,13 @@ type KeyEntry<K, D, O> = (K, Option<KeyState<D, O>>, Vec<(Timestamp, (D, Diff))>
 /// The operator's state: the keys' records and windows, and the records
 /// waiting for the watermark.
 struct CountState<K, D, O> {
-    keys: StateMap<K, KeyState<D, O>>,
+    keys: KeyedState<K, KeyState<D, O>>,
     waiting: Pending<(D, Diff)>,
 }
 
 impl<K, D, O> Default for CountState<K, D, O> {
     fn default() -> Self {
-        CountState { keys: StateMap::default(), waiting: Pending::default() }
+        CountState { keys: KeyedState::default(), waiting: Pending::default() }
     }
 }
 
@@ -134,15 +135,19 @@ impl<K: Key, D: Data, O: Data> OperatorState for CountState<K, D, O> {
     /// on the worker: they need not be `Send`).
     type Prepared = Vec<K>;
 
+    fn keyed_states(&mut self, each: &mut dyn FnMut(&mut dyn AnyKeyedState)) {
+        each(&mut self.keys);
+    }
+
     /// Each key's records and emitted windows, and its records waiting for
     /// the watermark.
     fn snapshot(&self, held_keys: Vec<K>, out: &mut Snapshot) {
         let mut held = self.waiting.by_key(held_keys);
         out.reserve(self.keys.len() + held.len());
-        for (k, state) in self.keys.iter() {
+        self.keys.for_each(|k, state| {
             let records = held.remove(k).unwrap_or_default();
             out.push(route(k), &(k, Some(state), records));
-        }
+        });
         for (k, records) in held {
             out.push(route(&k), &(&k, None::<&KeyState<D, O>>, records));
         }
@@ -357,152 +362,227 @@ where
     let key = Rc::new(key);
     let (Skeleton { builder, mut input, results: mut results_out, late: mut late_out, late_count }, windowed) =
         skeleton::<CountState<K, D, A::Output>, _, _, _, _>(stream, name, &key);
-    let counter = late_count;
 
     builder.build(move |initial_capabilities, mut managed| {
-        // Results go out on output 0, unmatched retractions on the late output 1.
-        let mut hold = Hold::with_outputs(2);
-        let mut processed_upto: Timestamp = 0;
-        let mut touched: Vec<K> = Vec::new();
-        // Recovery: each key's records and emitted windows, and its records
-        // waiting for the watermark (which owe their results at their time).
-        managed.restore(|st, time, entries| {
-            processed_upto = time;
-            // Sized at once: entries come in the old map's hash order (see the aligned windows).
-            st.keys.reserve(entries.len());
-            entries.for_each(|(k, state, held)| {
-                for (t, record) in held {
-                    st.waiting.restore(record, t, time, &mut hold, &initial_capabilities);
-                }
-                if let Some(state) = state {
-                    if state.touched {
-                        touched.push(k.clone());
-                    }
-                    st.keys.insert(k, state);
-                }
-            });
-        });
+        let mut op = CountOp {
+            key,
+            agg,
+            spec,
+            lateness,
+            counter: late_count,
+            // Results go out on output 0, unmatched retractions on the late output 1.
+            hold: Hold::with_outputs(2),
+            processed_upto: 0,
+            touched: Vec::new(),
+            out: Vec::new(),
+            emitted: Vec::new(),
+            late: Vec::new(),
+        };
+        managed.restore(|st, time, entries| op.restore(st, time, entries, &initial_capabilities));
         drop(initial_capabilities);
-        let mut out = Vec::new();
-        let mut emitted = Vec::new();
 
         move |frontiers| {
             if !managed.home() {
                 return;
             }
-            let CountState { keys, waiting } = managed.get();
+            let state = managed.get();
             let mut results = results_out.activate();
             let mut late = late_out.activate();
-
             input.for_each_stamp(|cap, data| {
                 let arrived = arrival_time(&cap);
                 for batch in data {
                     for (record, time, diff) in batch.drain(..) {
-                        // Too late by its own time: judged first, so that the outcome
-                        // does not depend on how far this operator has got.
-                        if lateness.release_at(time.saturating_add(1)) <= arrived {
-                            late.session(&cap).give((record, time, diff));
-                            counter.add(1);
-                            continue;
-                        }
-                        if diff == 0 {
-                            continue;
-                        }
-                        if time >= processed_upto {
-                            waiting.insert((record, diff), time, arrived, &mut hold, &cap);
-                            continue;
-                        }
-                        // Late but allowed: insert in place (or take out), re-emit every
-                        // shifted window.
-                        let k = key(&record);
-                        let state = keys.entry(k.clone()).or_insert_with(KeyState::new);
-                        if !std::mem::replace(&mut state.touched, true) {
-                            touched.push(k.clone());
-                        }
-                        if diff < 0 {
-                            let left = retract(state, &record, time, -diff, &agg, &k, spec, &mut out, &mut emitted);
-                            if left > 0 {
-                                // More retracted than the window holds (or trimmed): not applied.
-                                late.session(&cap).give((record, time, -left));
-                                counter.add(1);
-                            }
-                            continue;
-                        }
-                        for _ in 0..diff {
-                            let pos = state.history.partition_point(|(t, d)| (*t, d) <= (time, &record));
-                            let abs = state.base + pos as u64;
-                            while state.emitted.back().is_some_and(|(last, _, _)| *last >= abs) {
-                                let (_, window, value) = state.emitted.pop_back().expect("checked non-empty");
-                                out.push((WindowResult { window, key: k.clone(), value }, window.end - 1, -1));
-                            }
-                            state.history.insert(pos, (time, record.clone()));
-                            let end = state.base + state.history.len() as u64;
-                            evaluate(spec, state, abs, end, &agg, &k, &mut out, &mut emitted);
-                            state.emitted.extend(emitted.drain(..));
-                        }
+                        op.take(state, record, time, diff, arrived, &cap);
                     }
                 }
-                if !out.is_empty() {
-                    results.session(&cap).give_iterator(out.drain(..));
+                if !op.out.is_empty() {
+                    results.session(&cap).give_iterator(op.out.drain(..));
+                }
+                if !op.late.is_empty() {
+                    late.session(&cap).give_iterator(op.late.drain(..));
                 }
             });
-
             let watermark = watermark_of(&frontiers[0]);
-            if watermark > processed_upto {
-                processed_upto = watermark;
-                while let Some((time, mut records, emit_at)) = waiting.pop_before(watermark, &mut hold) {
-                    // Ties in one millisecond in the records' own order, not arrival order.
-                    consolidate(&mut records);
-                    for (record, net) in records {
-                        if net < 0 {
-                            // A retraction of a record no window holds (its insertion came
-                            // later, or never): the history has nothing at this time yet.
-                            late.session(&hold.at_or_after_on(emit_at, 1)).give((record, time, net));
-                            counter.add(1);
-                            continue;
-                        }
-                        let k = key(&record);
-                        let state = keys.entry(k.clone()).or_insert_with(KeyState::new);
-                        if !std::mem::replace(&mut state.touched, true) {
-                            touched.push(k.clone());
-                        }
-                        for _ in 0..net {
-                            state.history.push_back((time, record.clone()));
-                            let end = state.base + state.history.len() as u64;
-                            evaluate(spec, state, end - 1, end, &agg, &k, &mut out, &mut emitted);
-                            state.emitted.extend(emitted.drain(..));
-                        }
-                    }
-                    if !out.is_empty() {
-                        results.session(&hold.at(emit_at)).give_iterator(out.drain(..));
-                    }
-                }
-                // Keep the records a late record could still shift, plus a window's
-                // worth before them. Only keys that changed need trimming: the others
-                // were trimmed when they last changed and hold at most that much.
-                let horizon = watermark.saturating_sub(lateness.0);
-                for k in touched.drain(..) {
-                    let Some(state) = keys.get_mut(&k) else { continue };
-                    state.touched = false;
-                    let recent = state.base + state.history.partition_point(|(t, _)| *t < horizon) as u64;
-                    let keep_from =
-                        if spec.tumbling { recent - recent % spec.size } else { recent.saturating_sub(spec.size - 1) }
-                            .max(state.base);
-                    state.history.drain(..(keep_from - state.base) as usize);
-                    state.base = keep_from;
-                    while state.emitted.front().is_some_and(|(last, _, _)| *last < recent) {
-                        state.emitted.pop_front();
-                    }
-                    // An empty key is forgotten only where the count restarts at 0.
-                    if state.history.is_empty() && state.base % spec.slide == 0 {
-                        keys.remove(&k);
-                    }
-                }
-                hold.settle(None);
-            }
+            op.advance(state, watermark, &mut results, &mut late);
+            let key = &op.key;
             managed.checkpoint_with(watermark, |st| st.waiting.keys(|(d, _)| key(d)));
         }
     });
 
     windowed
+}
+
+/// The count-window operator's work on a worker, step by step: records in
+/// ([`take`](Self::take): waiting for the watermark, or, late but allowed,
+/// put in place), and the watermark's advance ([`advance`](Self::advance):
+/// the waiting records processed in event-time order, histories trimmed).
+struct CountOp<K, KF, A: Aggregate<D>, D> {
+    key: Rc<KF>,
+    agg: A,
+    spec: CountWindows,
+    lateness: AllowedLateness,
+    counter: Counter,
+    hold: Hold,
+    /// The watermark up to which waiting records have been processed.
+    processed_upto: Timestamp,
+    /// Keys changed since they were last trimmed.
+    touched: Vec<K>,
+    /// Results of the step being taken, and scratch for `evaluate`.
+    out: Vec<Update<WindowResult<K, A::Output>>>,
+    emitted: Vec<(u64, Window, A::Output)>,
+    /// Late records of the stamp being taken in.
+    late: Vec<Update<D>>,
+}
+
+impl<K, KF, A, D> CountOp<K, KF, A, D>
+where
+    K: Key,
+    KF: Fn(&D) -> K,
+    A: Aggregate<D>,
+    D: Data + Ord,
+{
+    /// Recovery: each key's records and emitted windows, and its records
+    /// waiting for the watermark (which owe their results at their time).
+    fn restore(
+        &mut self,
+        st: &mut CountState<K, D, A::Output>,
+        time: Timestamp,
+        entries: &mut RestoredEntries<CountState<K, D, A::Output>>,
+        initial: &[Capability<Timestamp>],
+    ) {
+        self.processed_upto = time;
+        // Sized at once: entries come in the old map's hash order (see the aligned windows).
+        st.keys.reserve(entries.len());
+        entries.for_each(|(k, state, held)| {
+            for (t, record) in held {
+                st.waiting.restore(record, t, time, &mut self.hold, initial);
+            }
+            if let Some(state) = state {
+                if state.touched {
+                    self.touched.push(k.clone());
+                }
+                st.keys.insert(k, state);
+            }
+        });
+    }
+
+    /// Takes in one update that arrived at `arrived` (under `cap`).
+    fn take(
+        &mut self,
+        CountState { keys, waiting }: &mut CountState<K, D, A::Output>,
+        record: D,
+        time: Timestamp,
+        diff: Diff,
+        arrived: Timestamp,
+        cap: &InputCapability<Timestamp>,
+    ) {
+        // Too late by its own time: judged first, so that the outcome
+        // does not depend on how far this operator has got.
+        if self.lateness.release_at(time.saturating_add(1)) <= arrived {
+            self.late.push((record, time, diff));
+            self.counter.add(1);
+            return;
+        }
+        if diff == 0 {
+            return;
+        }
+        if time >= self.processed_upto {
+            waiting.insert((record, diff), time, arrived, &mut self.hold, cap);
+            return;
+        }
+        // Late but allowed: insert in place (or take out), re-emit every
+        // shifted window.
+        let k = (self.key)(&record);
+        let state = keys.get_or_insert_with(k.clone(), KeyState::new);
+        if !std::mem::replace(&mut state.touched, true) {
+            self.touched.push(k.clone());
+        }
+        let (spec, agg) = (self.spec, &self.agg);
+        if diff < 0 {
+            let left = retract(state, &record, time, -diff, agg, &k, spec, &mut self.out, &mut self.emitted);
+            if left > 0 {
+                // More retracted than the window holds (or trimmed): not applied.
+                self.late.push((record, time, -left));
+                self.counter.add(1);
+            }
+            return;
+        }
+        for _ in 0..diff {
+            let pos = state.history.partition_point(|(t, d)| (*t, d) <= (time, &record));
+            let abs = state.base + pos as u64;
+            while state.emitted.back().is_some_and(|(last, _, _)| *last >= abs) {
+                let (_, window, value) = state.emitted.pop_back().expect("checked non-empty");
+                self.out.push((WindowResult { window, key: k.clone(), value }, window.end - 1, -1));
+            }
+            state.history.insert(pos, (time, record.clone()));
+            let end = state.base + state.history.len() as u64;
+            evaluate(spec, state, abs, end, agg, &k, &mut self.out, &mut self.emitted);
+            state.emitted.extend(self.emitted.drain(..));
+        }
+    }
+
+    /// The watermark reached `watermark`: the records waiting below it are
+    /// processed in event-time order, and the keys that changed trimmed.
+    fn advance(
+        &mut self,
+        CountState { keys, waiting }: &mut CountState<K, D, A::Output>,
+        watermark: Timestamp,
+        results: &mut ActiveOutput<'_, WindowResult<K, A::Output>>,
+        late: &mut ActiveOutput<'_, D>,
+    ) {
+        if watermark <= self.processed_upto {
+            return;
+        }
+        self.processed_upto = watermark;
+        let (spec, agg) = (self.spec, &self.agg);
+        while let Some((time, mut records, emit_at)) = waiting.pop_before(watermark, &mut self.hold) {
+            // Ties in one millisecond in the records' own order, not arrival order.
+            consolidate(&mut records);
+            for (record, net) in records {
+                if net < 0 {
+                    // A retraction of a record no window holds (its insertion came
+                    // later, or never): the history has nothing at this time yet.
+                    late.session(&self.hold.at_or_after_on(emit_at, 1)).give((record, time, net));
+                    self.counter.add(1);
+                    continue;
+                }
+                let k = (self.key)(&record);
+                let state = keys.get_or_insert_with(k.clone(), KeyState::new);
+                if !std::mem::replace(&mut state.touched, true) {
+                    self.touched.push(k.clone());
+                }
+                for _ in 0..net {
+                    state.history.push_back((time, record.clone()));
+                    let end = state.base + state.history.len() as u64;
+                    evaluate(spec, state, end - 1, end, agg, &k, &mut self.out, &mut self.emitted);
+                    state.emitted.extend(self.emitted.drain(..));
+                }
+            }
+            if !self.out.is_empty() {
+                results.session(&self.hold.at(emit_at)).give_iterator(self.out.drain(..));
+            }
+        }
+        // Keep the records a late record could still shift, plus a window's
+        // worth before them. Only keys that changed need trimming: the others
+        // were trimmed when they last changed and hold at most that much.
+        let horizon = watermark.saturating_sub(self.lateness.0);
+        for k in self.touched.drain(..) {
+            let Some(state) = keys.get_mut(&k) else { continue };
+            state.touched = false;
+            let recent = state.base + state.history.partition_point(|(t, _)| *t < horizon) as u64;
+            let keep_from =
+                if spec.tumbling { recent - recent % spec.size } else { recent.saturating_sub(spec.size - 1) }
+                    .max(state.base);
+            state.history.drain(..(keep_from - state.base) as usize);
+            state.base = keep_from;
+            while state.emitted.front().is_some_and(|(last, _, _)| *last < recent) {
+                state.emitted.pop_front();
+            }
+            // An empty key is forgotten only where the count restarts at 0.
+            if state.history.is_empty() && state.base % spec.slide == 0 {
+                keys.remove(&k);
+            }
+        }
+        self.hold.settle(None);
+    }
 }

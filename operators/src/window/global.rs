@@ -14,9 +14,9 @@ use super::count::Pending;
 use super::{consolidate, skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
 use crate::aggregate::Aggregate;
 use crate::hold::Hold;
-use crate::key::{route, Data, Key, StateMap};
+use crate::key::{route, Data, Key};
 use crate::late::Counter;
-use crate::state::{ActiveOutput, OperatorState, RestoredEntries, Schema, Snapshot};
+use crate::state::{ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
 
@@ -242,13 +242,13 @@ type KeyEntry<K, W, D> = (K, Option<W>, Vec<(Timestamp, (D, Diff))>, u64);
 /// The operator's state: the keys' windows, and the records waiting for
 /// the watermark.
 struct GlobalState<K, W, D> {
-    windows: StateMap<K, W>,
+    windows: KeyedState<K, W>,
     waiting: Pending<(D, Diff)>,
 }
 
 impl<K, W, D> Default for GlobalState<K, W, D> {
     fn default() -> Self {
-        GlobalState { windows: StateMap::default(), waiting: Pending::default() }
+        GlobalState { windows: KeyedState::default(), waiting: Pending::default() }
     }
 }
 
@@ -264,14 +264,18 @@ where
     /// on the worker), and the last processing-time period.
     type Prepared = (Vec<K>, u64);
 
+    fn keyed_states(&mut self, each: &mut dyn FnMut(&mut dyn AnyKeyedState)) {
+        each(&mut self.windows);
+    }
+
     /// Each key's window, its records waiting for the watermark, and the last period.
     fn snapshot(&self, (held_keys, last_period): (Vec<K>, u64), out: &mut Snapshot) {
         let mut held = self.waiting.by_key(held_keys);
         out.reserve(self.windows.len() + held.len());
-        for (k, w) in self.windows.iter() {
+        self.windows.for_each(|k, w| {
             let records = held.remove(k).unwrap_or_default();
             out.push(route(k), &(k, Some(w), records, last_period));
-        }
+        });
         for (k, records) in held {
             out.push(route(&k), &(&k, None::<&W>, records, last_period));
         }
@@ -493,14 +497,14 @@ where
     /// goes out at `emit_time`.
     fn add(
         &mut self,
-        windows: &mut StateMap<K, KeyWindowOf<D, T, A>>,
+        windows: &mut KeyedState<K, KeyWindowOf<D, T, A>>,
         record: D,
         time: Timestamp,
         emit_time: Timestamp,
     ) {
         let k = (self.key)(&record);
         self.touched.push(k.clone());
-        let w = windows.entry(k.clone()).or_insert_with(|| KeyWindow::new(self.agg.init(), time));
+        let w = windows.get_or_insert_with(k.clone(), || KeyWindow::new(self.agg.init(), time));
         if !w.filled {
             w.filled = true;
             w.start = time;
@@ -520,7 +524,7 @@ where
     /// Takes a record out of its key's window (the trigger sees insertions
     /// only); `false` if the key's window holds no records (none yet, or
     /// none since it was purged) to take it from.
-    fn retract(&mut self, windows: &mut StateMap<K, KeyWindowOf<D, T, A>>, record: &D, diff: Diff) -> bool {
+    fn retract(&mut self, windows: &mut KeyedState<K, KeyWindowOf<D, T, A>>, record: &D, diff: Diff) -> bool {
         let k = (self.key)(record);
         let Some(w) = windows.get_mut(&k).filter(|w| w.filled) else { return false };
         self.agg.update(&mut w.acc, record, diff);
@@ -609,7 +613,7 @@ where
     /// Fires the earliest event-time timers (all at one time).
     fn fire_event_time(
         &mut self,
-        windows: &mut StateMap<K, KeyWindowOf<D, T, A>>,
+        windows: &mut KeyedState<K, KeyWindowOf<D, T, A>>,
         results: &mut ActiveOutput<'_, WindowResult<K, A::Output>>,
     ) {
         let (t, due) = self.timers.pop_first().expect("checked above");
@@ -666,7 +670,7 @@ where
     /// next one.
     fn fire_processing_time(
         &mut self,
-        windows: &mut StateMap<K, KeyWindowOf<D, T, A>>,
+        windows: &mut KeyedState<K, KeyWindowOf<D, T, A>>,
         watermark: Timestamp,
         results: &mut ActiveOutput<'_, WindowResult<K, A::Output>>,
     ) {
@@ -682,14 +686,14 @@ where
                 .min(self.hold.least().unwrap_or(self.processed_upto))
                 .min(self.hold.time().unwrap_or(END_OF_TIME));
             let window = Window::new(self.last_period, this_period.max(self.last_period + 1));
-            for (k, w) in windows.iter_mut() {
+            windows.for_each_mut(|k, w| {
                 let mut action = self.trigger.on_processing_time(&mut w.trigger, this_period);
                 // The input ends: what changed since the last firing goes out now.
                 if ended && w.changed && action == TriggerAction::Continue {
                     action = TriggerAction::Fire;
                 }
                 act::<K, D, T, A>(action, k, w, window, emit, &self.agg, &mut self.out);
-            }
+            });
             if !self.out.is_empty() {
                 results.session(&self.hold.at_or_after(emit)).give_iterator(self.out.drain(..));
             }
@@ -705,7 +709,7 @@ where
 
     /// Forgets the windows this activation left empty (purged, no timer,
     /// nothing to retract).
-    fn forget_empty(&mut self, windows: &mut StateMap<K, KeyWindowOf<D, T, A>>) {
+    fn forget_empty(&mut self, windows: &mut KeyedState<K, KeyWindowOf<D, T, A>>) {
         for k in self.touched.drain(..) {
             if windows.get(&k).is_some_and(|w| !(w.filled || w.timer.is_some() || w.emitted.is_some())) {
                 windows.remove(&k);
@@ -715,7 +719,7 @@ where
 
     /// Settles the hold: processing-time firings may come at any moment, so
     /// the watermark is held while windows exist (and while timers are set).
-    fn settle(&mut self, windows: &StateMap<K, KeyWindowOf<D, T, A>>) {
+    fn settle(&mut self, windows: &KeyedState<K, KeyWindowOf<D, T, A>>) {
         let floor = (self.period.is_some() && !windows.is_empty() || !self.timers.is_empty())
             .then_some(self.processed_upto)
             .filter(|t| *t < END_OF_TIME);

@@ -7,8 +7,11 @@ use std::rc::Rc;
 use super::{skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
 use crate::aggregate::Aggregate;
 use crate::hold::Hold;
-use crate::key::{route, Data, Key, StateMap};
-use crate::state::{OperatorState, Schema, Snapshot};
+use crate::key::{route, Data, Key};
+use timely::dataflow::operators::{Capability, InputCapability};
+
+use crate::late::Counter;
+use crate::state::{ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp};
 
@@ -94,11 +97,11 @@ struct KeyState<Acc, O, D> {
 }
 
 /// The operator's state: every key's sessions.
-struct Sessions<K, Acc, O, D>(StateMap<K, KeyState<Acc, O, D>>);
+struct Sessions<K, Acc, O, D>(KeyedState<K, KeyState<Acc, O, D>>);
 
 impl<K, Acc, O, D> Default for Sessions<K, Acc, O, D> {
     fn default() -> Self {
-        Sessions(StateMap::default())
+        Sessions(KeyedState::default())
     }
 }
 
@@ -114,11 +117,13 @@ where
     type Entry = (K, KeyState<Acc, O, D>);
     type Prepared = ();
 
+    fn keyed_states(&mut self, each: &mut dyn FnMut(&mut dyn AnyKeyedState)) {
+        each(&mut self.0);
+    }
+
     fn snapshot(&self, (): (), out: &mut Snapshot) {
         out.reserve(self.0.len());
-        for (k, state) in self.0.iter() {
-            out.push(route(k), &(k, state));
-        }
+        self.0.for_each(|k, state| out.push(route(k), &(k, state)));
     }
 }
 
@@ -170,33 +175,26 @@ where
     // On a stream that may carry retractions, sessions keep their records so
     // that a retraction can split them.
     let updating = !stream.is_append_only();
-    let counter = late_count;
-    // A session is complete once the watermark passes its (inclusive) end.
-    let complete_at = |w: &Window| w.end.saturating_add(1);
 
     builder.build(move |initial_capabilities, mut managed| {
-        let mut timers: BTreeMap<Timestamp, Vec<K>> = BTreeMap::new();
-        let mut hold = Hold::default();
-        let mut fired_upto: Timestamp = 0;
-        // Recovery: each key's sessions, its timer, and the results its open sessions owe.
-        managed.restore(|Sessions(keys), time, entries| {
-            fired_upto = time;
-            // Sized at once: entries come in the old map's hash order (see the aligned windows).
-            keys.reserve(entries.len());
-            entries.for_each(|(k, state)| {
-                for session in state.sessions.iter().filter(|s| !s.fired) {
-                    hold.restore(session.emit_at, &initial_capabilities);
-                }
-                if state.timer != Timestamp::MAX {
-                    timers.entry(state.timer).or_default().push(k.clone());
-                }
-                keys.insert(k, state);
-            });
-        });
+        let mut op = SessionOp {
+            key,
+            agg,
+            gap,
+            lateness,
+            updating,
+            counter: late_count,
+            timers: BTreeMap::new(),
+            hold: Hold::default(),
+            fired_upto: 0,
+            retired: Vec::new(),
+            pieces: Vec::new(),
+            firing: Vec::new(),
+            corrections: Vec::new(),
+            late: Vec::new(),
+        };
+        managed.restore(|Sessions(keys), time, entries| op.restore(keys, time, entries, &initial_capabilities));
         drop(initial_capabilities);
-        let mut retired: Vec<Sess<A::Acc, A::Output, D>> = Vec::new();
-        let mut pieces: Vec<Sess<A::Acc, A::Output, D>> = Vec::new();
-        let mut firing: Vec<(Timestamp, ResultUpdate<K, A::Output>)> = Vec::new();
 
         move |frontiers| {
             if !managed.home() {
@@ -205,244 +203,342 @@ where
             let Sessions(keys) = managed.get();
             let mut results = results_out.activate();
             let mut late = late_out.activate();
-
             input.for_each_stamp(|cap, data| {
                 let arrived = arrival_time(&cap);
-                let mut late_session = late.session(&cap);
-                let mut corrections = results.session(&cap);
                 for batch in data {
                     for (record, time, diff) in batch.drain(..) {
-                        let k = key(&record);
-                        let state = keys
-                            .entry(k.clone())
-                            .or_insert_with(|| KeyState { sessions: Vec::new(), timer: Timestamp::MAX });
-                        // Too late by its own time: then every session it could touch may be
-                        // gone. A retraction on a stream declared append-only cannot be
-                        // applied (its sessions keep no records), nor one of a record that
-                        // no session holds.
-                        let late_by_time = lateness.release_at(time.saturating_add(1)) <= arrived;
-                        let unmatched = diff < 0
-                            && (!updating
-                                || !state.sessions.iter().any(|s| {
-                                    s.records
-                                        .iter()
-                                        .flat_map(|r| r.iter())
-                                        .any(|(t, d, m)| *t == time && *m >= -diff && same(d, &record))
-                                }));
-                        if late_by_time || unmatched || diff == 0 {
-                            if state.sessions.is_empty() {
-                                keys.remove(&k);
-                            }
-                            if diff != 0 {
-                                late_session.give((record, time, diff));
-                                counter.add(1);
-                            }
-                            continue;
-                        }
-                        if diff < 0 {
-                            // A retraction: the session holding the record loses it, and
-                            // splits where a gap wider than `gap` opens.
-                            let i = state
-                                .sessions
-                                .iter()
-                                .position(|s| {
-                                    s.records
-                                        .iter()
-                                        .flat_map(|r| r.iter())
-                                        .any(|(t, d, m)| *t == time && *m >= -diff && same(d, &record))
-                                })
-                                .expect("matched above");
-                            let mut old = state.sessions.remove(i);
-                            let held = old.records.as_mut().expect("matched above");
-                            let j = held
-                                .iter()
-                                .position(|(t, d, m)| *t == time && *m >= -diff && same(d, &record))
-                                .expect("matched above");
-                            held[j].2 += diff;
-                            if held[j].2 == 0 {
-                                held.remove(j);
-                            }
-                            if let Some((window, value)) = old.emitted.take() {
-                                corrections.give((WindowResult { window, key: k.clone(), value }, window.end, -1));
-                            }
-                            if !old.fired {
-                                hold.remove(old.emit_at);
-                            }
-                            let mut records = old.records.take().map(|held| *held).unwrap_or_default();
-                            records.sort_by_key(|r| r.0);
-                            let mut rest = records.into_iter().peekable();
-                            while let Some(first) = rest.next() {
-                                let mut window = Window::new(first.0, first.0.saturating_add(gap));
-                                let mut acc = agg.init();
-                                agg.update(&mut acc, &first.1, first.2);
-                                let mut held = vec![first];
-                                while let Some(next) = rest.next_if(|r| r.0 <= window.end) {
-                                    window.end = window.end.max(next.0.saturating_add(gap));
-                                    agg.update(&mut acc, &next.1, next.2);
-                                    held.push(next);
-                                }
-                                let piece = Sess {
-                                    window,
-                                    acc,
-                                    emitted: None,
-                                    emit_at: Timestamp::MAX,
-                                    fired: complete_at(&window) <= fired_upto,
-                                    records: Some(Box::new(held)),
-                                };
-                                pieces.push(piece);
-                            }
-                            for (n, mut piece) in pieces.drain(..).enumerate() {
-                                let window = piece.window;
-                                if piece.fired {
-                                    if let Some(value) = agg.output(&piece.acc) {
-                                        piece.emitted = Some((window, value.clone()));
-                                        corrections.give((
-                                            WindowResult { window, key: k.clone(), value },
-                                            window.end,
-                                            1,
-                                        ));
-                                    }
-                                } else {
-                                    piece.emit_at = window.end.max(arrived);
-                                    hold.insert(piece.emit_at, &cap);
-                                }
-                                let next = if piece.fired {
-                                    lateness.release_at(complete_at(&window))
-                                } else {
-                                    complete_at(&window)
-                                };
-                                if next < state.timer {
-                                    state.timer = next;
-                                    timers.entry(next).or_default().push(k.clone());
-                                }
-                                state.sessions.insert(i + n, piece);
-                            }
-                            if state.sessions.is_empty() {
-                                keys.remove(&k);
-                            }
-                            continue;
-                        }
-                        // Sessions the record's proto-window [time, time + gap] touches.
-                        let mut merged = Window::new(time, time.saturating_add(gap));
-                        let first = state.sessions.partition_point(|s| s.window.end < merged.start);
-                        let mut last = first;
-                        while last < state.sessions.len() && state.sessions[last].window.start <= merged.end {
-                            merged.start = merged.start.min(state.sessions[last].window.start);
-                            merged.end = merged.end.max(state.sessions[last].window.end);
-                            last += 1;
-                        }
-                        let mut acc = agg.init();
-                        agg.update(&mut acc, &record, diff);
-                        let mut records = Vec::new();
-                        retired.extend(state.sessions.drain(first..last));
-                        for mut old in retired.drain(..) {
-                            agg.merge(&mut acc, old.acc);
-                            if let Some(mut held) = old.records.take() {
-                                records.append(&mut held);
-                            }
-                            if let Some((window, value)) = old.emitted {
-                                corrections.give((WindowResult { window, key: k.clone(), value }, window.end, -1));
-                            }
-                            if !old.fired {
-                                hold.remove(old.emit_at);
-                            }
-                        }
-                        if updating {
-                            records.push((time, record, diff));
-                        }
-                        let fired = complete_at(&merged) <= fired_upto;
-                        let records = (!records.is_empty()).then(|| Box::new(records));
-                        let mut session =
-                            Sess { window: merged, acc, emitted: None, emit_at: Timestamp::MAX, fired, records };
-                        if fired {
-                            // Complete already: its (corrected) result goes out now.
-                            if let Some(value) = agg.output(&session.acc) {
-                                session.emitted = Some((merged, value.clone()));
-                                corrections.give((
-                                    WindowResult { window: merged, key: k.clone(), value },
-                                    merged.end,
-                                    1,
-                                ));
-                            }
-                        } else {
-                            let needed = merged.end.max(arrived);
-                            session.emit_at = needed;
-                            hold.insert(needed, &cap);
-                        }
-                        let next = if fired { lateness.release_at(complete_at(&merged)) } else { complete_at(&merged) };
-                        state.sessions.insert(first, session);
-                        if next < state.timer {
-                            state.timer = next;
-                            timers.entry(next).or_default().push(k);
-                        }
+                        op.take(keys, record, time, diff, arrived, &cap);
                     }
+                }
+                if !op.corrections.is_empty() {
+                    results.session(&cap).give_iterator(op.corrections.drain(..));
+                }
+                if !op.late.is_empty() {
+                    late.session(&cap).give_iterator(op.late.drain(..));
                 }
             });
-
             let watermark = watermark_of(&frontiers[0]);
-            if watermark > fired_upto {
-                fired_upto = watermark;
-                while let Some(entry) = timers.first_entry() {
-                    if *entry.key() > watermark {
-                        break;
-                    }
-                    let (time, due) = entry.remove_entry();
-                    for k in due {
-                        let Some(state) = keys.get_mut(&k) else {
-                            continue;
-                        };
-                        if state.timer != time {
-                            continue; // superseded by an earlier timer for the same key
-                        }
-                        let mut next = Timestamp::MAX;
-                        for session in state.sessions.iter_mut() {
-                            if !session.fired && complete_at(&session.window) <= watermark {
-                                session.fired = true;
-                                hold.remove(session.emit_at);
-                                if let Some(value) = agg.output(&session.acc) {
-                                    // Without lateness no record reaches a fired session.
-                                    if lateness.0 > 0 {
-                                        session.emitted = Some((session.window, value.clone()));
-                                    }
-                                    let result = WindowResult { window: session.window, key: k.clone(), value };
-                                    firing.push((session.emit_at, (result, session.window.end, 1)));
-                                }
-                            }
-                        }
-                        state.sessions.retain(|s| lateness.release_at(complete_at(&s.window)) > watermark);
-                        for session in state.sessions.iter() {
-                            let due = if session.fired {
-                                lateness.release_at(complete_at(&session.window))
-                            } else {
-                                complete_at(&session.window)
-                            };
-                            next = next.min(due);
-                        }
-                        if state.sessions.is_empty() {
-                            keys.remove(&k);
-                        } else {
-                            state.timer = next;
-                            timers.entry(next).or_default().push(k);
-                        }
-                    }
-                }
-                // One output session per emission time, not per result.
-                firing.sort_by_key(|(at, _)| *at);
-                let mut due = firing.drain(..).peekable();
-                while let Some((at, first)) = due.next() {
-                    let cap = hold.at(at);
-                    let mut session = results.session(&cap);
-                    session.give(first);
-                    while let Some((_, update)) = due.next_if(|(t, _)| *t == at) {
-                        session.give(update);
-                    }
-                }
-                drop(due);
-                hold.settle(None);
-            }
+            op.fire(keys, watermark, &mut results);
             managed.checkpoint(watermark, ());
         }
     });
 
     windowed
+}
+
+/// The session operator's work on a worker, step by step: records in
+/// ([`take`](Self::take): merging, or splitting for a retraction), and
+/// sessions fired and forgotten as the watermark passes them
+/// ([`fire`](Self::fire)).
+struct SessionOp<K, KF, A: Aggregate<D>, D> {
+    key: Rc<KF>,
+    agg: A,
+    gap: u64,
+    lateness: AllowedLateness,
+    updating: bool,
+    counter: Counter,
+    /// Keys by the time their next session completes or is released.
+    timers: BTreeMap<Timestamp, Vec<K>>,
+    hold: Hold,
+    /// The watermark up to which sessions have fired.
+    fired_upto: Timestamp,
+    /// Scratch: the sessions a record merges, the pieces a retraction leaves.
+    retired: Vec<SessOf<A, D>>,
+    pieces: Vec<SessOf<A, D>>,
+    /// Results due, with the time they go out at.
+    firing: Vec<(Timestamp, ResultUpdate<K, A::Output>)>,
+    /// Corrections and late records of the stamp being taken in.
+    corrections: Vec<ResultUpdate<K, A::Output>>,
+    late: Vec<Update<D>>,
+}
+
+/// A session of the operator's aggregate.
+type SessOf<A, D> = Sess<<A as Aggregate<D>>::Acc, <A as Aggregate<D>>::Output, D>;
+
+/// The sessions of one key of the operator's aggregate.
+type KeyStateOf<A, D> = KeyState<<A as Aggregate<D>>::Acc, <A as Aggregate<D>>::Output, D>;
+
+/// A session is complete once the watermark passes its (inclusive) end.
+fn complete_at(w: &Window) -> Timestamp {
+    w.end.saturating_add(1)
+}
+
+impl<K, KF, A, D> SessionOp<K, KF, A, D>
+where
+    K: Key,
+    KF: Fn(&D) -> K,
+    A: Aggregate<D>,
+    D: Data,
+{
+    /// Recovery: each key's sessions, its timer, and the results its open
+    /// sessions owe.
+    fn restore(
+        &mut self,
+        keys: &mut KeyedState<K, KeyStateOf<A, D>>,
+        time: Timestamp,
+        entries: &mut RestoredEntries<Sessions<K, A::Acc, A::Output, D>>,
+        initial: &[Capability<Timestamp>],
+    ) {
+        self.fired_upto = time;
+        // Sized at once: entries come in the old map's hash order (see the aligned windows).
+        keys.reserve(entries.len());
+        entries.for_each(|(k, state)| {
+            for session in state.sessions.iter().filter(|s| !s.fired) {
+                self.hold.restore(session.emit_at, initial);
+            }
+            if state.timer != Timestamp::MAX {
+                self.timers.entry(state.timer).or_default().push(k.clone());
+            }
+            keys.insert(k, state);
+        });
+    }
+
+    /// Takes in one update that arrived at `arrived` (under `cap`).
+    fn take(
+        &mut self,
+        keys: &mut KeyedState<K, KeyStateOf<A, D>>,
+        record: D,
+        time: Timestamp,
+        diff: Diff,
+        arrived: Timestamp,
+        cap: &InputCapability<Timestamp>,
+    ) {
+        let k = (self.key)(&record);
+        let state = keys.get_or_insert_with(k.clone(), || KeyState { sessions: Vec::new(), timer: Timestamp::MAX });
+        // Too late by its own time: then every session it could touch may be
+        // gone. A retraction on a stream declared append-only cannot be
+        // applied (its sessions keep no records), nor one of a record that
+        // no session holds.
+        let late_by_time = self.lateness.release_at(time.saturating_add(1)) <= arrived;
+        let holder = (diff < 0 && self.updating).then(|| holding(&state.sessions, &record, time, diff)).flatten();
+        if late_by_time || (diff < 0 && holder.is_none()) || diff == 0 {
+            if state.sessions.is_empty() {
+                keys.remove(&k);
+            }
+            if diff != 0 {
+                self.late.push((record, time, diff));
+                self.counter.add(1);
+            }
+            return;
+        }
+        match holder {
+            Some(i) => self.retract(state, &k, i, &record, time, diff, arrived, cap),
+            None => self.insert(state, &k, record, time, diff, arrived, cap),
+        }
+        if state.sessions.is_empty() {
+            keys.remove(&k);
+        }
+    }
+
+    /// A retraction of a record session `i` holds: the session loses it, and
+    /// splits where a gap wider than `gap` opens.
+    #[allow(clippy::too_many_arguments)]
+    fn retract(
+        &mut self,
+        state: &mut KeyStateOf<A, D>,
+        k: &K,
+        i: usize,
+        record: &D,
+        time: Timestamp,
+        diff: Diff,
+        arrived: Timestamp,
+        cap: &InputCapability<Timestamp>,
+    ) {
+        let mut old = state.sessions.remove(i);
+        let mut records = old.records.take().map(|held| *held).unwrap_or_default();
+        if let Some(j) = records.iter().position(|(t, d, m)| *t == time && *m >= -diff && same(d, record)) {
+            records[j].2 += diff;
+            if records[j].2 == 0 {
+                records.remove(j);
+            }
+        }
+        if let Some((window, value)) = old.emitted.take() {
+            self.corrections.push((WindowResult { window, key: k.clone(), value }, window.end, -1));
+        }
+        if !old.fired {
+            self.hold.remove(old.emit_at);
+        }
+        records.sort_by_key(|r| r.0);
+        let mut rest = records.into_iter().peekable();
+        while let Some(first) = rest.next() {
+            let mut window = Window::new(first.0, first.0.saturating_add(self.gap));
+            let mut acc = self.agg.init();
+            self.agg.update(&mut acc, &first.1, first.2);
+            let mut held = vec![first];
+            while let Some(next) = rest.next_if(|r| r.0 <= window.end) {
+                window.end = window.end.max(next.0.saturating_add(self.gap));
+                self.agg.update(&mut acc, &next.1, next.2);
+                held.push(next);
+            }
+            let fired = complete_at(&window) <= self.fired_upto;
+            let records = Some(Box::new(held));
+            self.pieces.push(Sess { window, acc, emitted: None, emit_at: Timestamp::MAX, fired, records });
+        }
+        let mut pieces = std::mem::take(&mut self.pieces);
+        for (n, piece) in pieces.drain(..).enumerate() {
+            let piece = self.place(state, k, piece, arrived, cap);
+            state.sessions.insert(i + n, piece);
+        }
+        self.pieces = pieces;
+    }
+
+    /// An insertion: the record's proto-window `[time, time + gap]` merges
+    /// every session it touches into one.
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        &mut self,
+        state: &mut KeyStateOf<A, D>,
+        k: &K,
+        record: D,
+        time: Timestamp,
+        diff: Diff,
+        arrived: Timestamp,
+        cap: &InputCapability<Timestamp>,
+    ) {
+        let mut merged = Window::new(time, time.saturating_add(self.gap));
+        let first = state.sessions.partition_point(|s| s.window.end < merged.start);
+        let mut last = first;
+        while last < state.sessions.len() && state.sessions[last].window.start <= merged.end {
+            merged.start = merged.start.min(state.sessions[last].window.start);
+            merged.end = merged.end.max(state.sessions[last].window.end);
+            last += 1;
+        }
+        let mut acc = self.agg.init();
+        self.agg.update(&mut acc, &record, diff);
+        let mut records = Vec::new();
+        self.retired.extend(state.sessions.drain(first..last));
+        for mut old in self.retired.drain(..) {
+            self.agg.merge(&mut acc, old.acc);
+            if let Some(mut held) = old.records.take() {
+                records.append(&mut held);
+            }
+            if let Some((window, value)) = old.emitted {
+                self.corrections.push((WindowResult { window, key: k.clone(), value }, window.end, -1));
+            }
+            if !old.fired {
+                self.hold.remove(old.emit_at);
+            }
+        }
+        if self.updating {
+            records.push((time, record, diff));
+        }
+        let fired = complete_at(&merged) <= self.fired_upto;
+        let records = (!records.is_empty()).then(|| Box::new(records));
+        let session = Sess { window: merged, acc, emitted: None, emit_at: Timestamp::MAX, fired, records };
+        let session = self.place(state, k, session, arrived, cap);
+        state.sessions.insert(first, session);
+    }
+
+    /// A new session (merged, or a piece of a split one): complete already,
+    /// its (corrected) result goes out now; otherwise its result is owed at
+    /// its end. Its key's timer is brought forward to when it completes or
+    /// is released.
+    fn place(
+        &mut self,
+        state: &mut KeyStateOf<A, D>,
+        k: &K,
+        mut session: SessOf<A, D>,
+        arrived: Timestamp,
+        cap: &InputCapability<Timestamp>,
+    ) -> SessOf<A, D> {
+        let window = session.window;
+        let next = if session.fired {
+            if let Some(value) = self.agg.output(&session.acc) {
+                session.emitted = Some((window, value.clone()));
+                self.corrections.push((WindowResult { window, key: k.clone(), value }, window.end, 1));
+            }
+            self.lateness.release_at(complete_at(&window))
+        } else {
+            session.emit_at = window.end.max(arrived);
+            self.hold.insert(session.emit_at, cap);
+            complete_at(&window)
+        };
+        if next < state.timer {
+            state.timer = next;
+            self.timers.entry(next).or_default().push(k.clone());
+        }
+        session
+    }
+
+    /// Fires the sessions the watermark completes and forgets those it
+    /// releases (past their end plus the allowed lateness).
+    fn fire(
+        &mut self,
+        keys: &mut KeyedState<K, KeyStateOf<A, D>>,
+        watermark: Timestamp,
+        results: &mut ActiveOutput<'_, WindowResult<K, A::Output>>,
+    ) {
+        if watermark <= self.fired_upto {
+            return;
+        }
+        self.fired_upto = watermark;
+        let lateness = self.lateness;
+        while let Some(entry) = self.timers.first_entry() {
+            if *entry.key() > watermark {
+                break;
+            }
+            let (time, due) = entry.remove_entry();
+            for k in due {
+                let Some(state) = keys.get_mut(&k) else {
+                    continue;
+                };
+                if state.timer != time {
+                    continue; // superseded by an earlier timer for the same key
+                }
+                for session in state.sessions.iter_mut() {
+                    if !session.fired && complete_at(&session.window) <= watermark {
+                        session.fired = true;
+                        self.hold.remove(session.emit_at);
+                        if let Some(value) = self.agg.output(&session.acc) {
+                            // Without lateness no record reaches a fired session.
+                            if lateness.0 > 0 {
+                                session.emitted = Some((session.window, value.clone()));
+                            }
+                            let result = WindowResult { window: session.window, key: k.clone(), value };
+                            self.firing.push((session.emit_at, (result, session.window.end, 1)));
+                        }
+                    }
+                }
+                state.sessions.retain(|s| lateness.release_at(complete_at(&s.window)) > watermark);
+                let next = state
+                    .sessions
+                    .iter()
+                    .map(|s| if s.fired { lateness.release_at(complete_at(&s.window)) } else { complete_at(&s.window) })
+                    .min()
+                    .unwrap_or(Timestamp::MAX);
+                if state.sessions.is_empty() {
+                    keys.remove(&k);
+                } else {
+                    state.timer = next;
+                    self.timers.entry(next).or_default().push(k);
+                }
+            }
+        }
+        // One output session per emission time, not per result.
+        self.firing.sort_by_key(|(at, _)| *at);
+        let mut due = self.firing.drain(..).peekable();
+        while let Some((at, first)) = due.next() {
+            let cap = self.hold.at(at);
+            let mut session = results.session(&cap);
+            session.give(first);
+            while let Some((_, update)) = due.next_if(|(t, _)| *t == at) {
+                session.give(update);
+            }
+        }
+        drop(due);
+        self.hold.settle(None);
+    }
+}
+
+/// The session of `sessions` that holds `record` at `time` with a
+/// multiplicity a retraction of `diff` can take back, if any.
+fn holding<Acc, O, D: serde::Serialize>(
+    sessions: &[Sess<Acc, O, D>],
+    record: &D,
+    time: Timestamp,
+    diff: Diff,
+) -> Option<usize> {
+    sessions.iter().position(|s| {
+        s.records.iter().flat_map(|r| r.iter()).any(|(t, d, m)| *t == time && *m >= -diff && same(d, record))
+    })
 }

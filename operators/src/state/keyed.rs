@@ -1,0 +1,286 @@
+//! Keyed state as operators hold it: one type over whichever backend the job
+//! chose.
+
+use super::backend::{Encoded, InMemory, KeyedStateBackend, StateValue};
+use crate::key::Key;
+use crate::time::Timestamp;
+
+/// The registry key of the job's [`Backend`] in timely's worker configuration.
+const BACKEND_KEY: &str = "highwater.state.backend";
+
+/// The environment variable that chooses the backend of computations whose
+/// configuration does not ([`Backend::of_config`]).
+pub const BACKEND_ENV: &str = "HIGHWATER_STATE_BACKEND";
+
+/// A backend name that is not one of [`Backend`]'s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown state backend {0:?}: expected memory or encoded")]
+pub struct UnknownBackend(pub String);
+
+impl std::str::FromStr for Backend {
+    type Err = UnknownBackend;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        match name {
+            "memory" => Ok(Backend::Memory),
+            "encoded" => Ok(Backend::Encoded),
+            other => Err(UnknownBackend(other.to_owned())),
+        }
+    }
+}
+
+/// Where a job keeps its operators' keyed state.
+///
+/// Chosen per job in the computation's configuration
+/// ([`configure`](Self::configure)) and read by every stateful operator when
+/// it is built, like the checkpoint runtime; the default is memory.
+///
+/// ```
+/// use highwater_operators::state::Backend;
+/// let mut config = timely::Config::thread();
+/// Backend::Encoded.configure(&mut config.worker);
+/// assert_eq!(Backend::of_config(&config.worker), Backend::Encoded);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Backend {
+    /// A hash map per operator ([`InMemory`]): the fastest; state is bounded
+    /// by memory.
+    #[default]
+    Memory,
+    /// Every value kept encoded, with a write-back cache per activation
+    /// ([`Encoded`]): the access pattern of an on-disk store, in memory.
+    Encoded,
+}
+
+impl Backend {
+    /// Makes this the backend of every stateful operator of computations
+    /// run with `config`.
+    pub fn configure(self, config: &mut timely::WorkerConfig) {
+        config.set(BACKEND_KEY.to_owned(), self);
+    }
+
+    /// The backend a worker's configuration holds; if none was set, the one
+    /// the environment variable `HIGHWATER_STATE_BACKEND` names (`memory` or
+    /// `encoded`: how a test suite is run on another backend without
+    /// changing its tests); otherwise memory.
+    pub fn of_config(config: &timely::WorkerConfig) -> Backend {
+        if let Some(backend) = config.get::<Backend>(BACKEND_KEY) {
+            return *backend;
+        }
+        match std::env::var(BACKEND_ENV) {
+            Ok(name) => name.parse().unwrap_or_else(|e: UnknownBackend| {
+                tracing::warn!(%e, "{BACKEND_ENV} is ignored: keyed state stays in memory");
+                Backend::Memory
+            }),
+            Err(_) => Backend::Memory,
+        }
+    }
+
+    /// The backend of `scope`'s computation.
+    pub fn of(scope: &timely::dataflow::Scope<'_, Timestamp>) -> Backend {
+        Self::of_config(scope.worker().config())
+    }
+}
+
+/// The keyed state of an operator: a map from keys to values on the job's
+/// [`Backend`].
+///
+/// Every stateful operator keeps what it holds per key in a `KeyedState`,
+/// and lists it in [`OperatorState::keyed_states`](super::OperatorState::keyed_states),
+/// through which the model opens it on the job's backend and flushes it at
+/// the end of every activation; the operator's
+/// logic is the same on every backend. In memory every call goes straight to
+/// a hash map.
+///
+/// ```
+/// use highwater_operators::state::{Backend, KeyedState};
+/// for backend in [Backend::Memory, Backend::Encoded] {
+///     let mut counts = KeyedState::<char, u64>::default();
+///     counts.open(backend);
+///     *counts.get_or_insert_with('a', || 0) += 1;
+///     *counts.get_or_insert_with('a', || 0) += 1;
+///     counts.flush().unwrap();
+///     assert_eq!(counts.get(&'a'), Some(&2));
+///     assert_eq!(counts.len(), 1);
+/// }
+/// ```
+pub struct KeyedState<K, V> {
+    store: Store<K, V>,
+}
+
+enum Store<K, V> {
+    Memory(InMemory<K, V>),
+    Other(Box<dyn KeyedStateBackend<K, V>>),
+}
+
+impl<K, V> Default for KeyedState<K, V> {
+    fn default() -> Self {
+        KeyedState { store: Store::Memory(InMemory::default()) }
+    }
+}
+
+impl<K, V> std::fmt::Debug for KeyedState<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let backend = match self.store {
+            Store::Memory(_) => "memory",
+            Store::Other(_) => "other",
+        };
+        f.debug_struct("KeyedState").field("backend", &backend).finish_non_exhaustive()
+    }
+}
+
+/// A [`KeyedState`] of any key and value type, as the model sees it: what it
+/// needs to put the state on a backend and write it back
+/// ([`OperatorState::keyed_states`](super::OperatorState::keyed_states)).
+pub trait AnyKeyedState {
+    /// [`KeyedState::open`].
+    fn open(&mut self, backend: Backend);
+    /// [`KeyedState::flush`].
+    ///
+    /// # Errors
+    /// The backend's.
+    fn flush(&mut self) -> Result<(), String>;
+}
+
+impl<K: Key, V: StateValue> AnyKeyedState for KeyedState<K, V> {
+    fn open(&mut self, backend: Backend) {
+        KeyedState::open(self, backend);
+    }
+    fn flush(&mut self) -> Result<(), String> {
+        KeyedState::flush(self)
+    }
+}
+
+/// Dispatches a call to the backend.
+macro_rules! dispatch {
+    ($self:expr, $s:ident => $call:expr) => {
+        match $self {
+            Store::Memory($s) => $call,
+            Store::Other($s) => $call,
+        }
+    };
+}
+
+impl<K: Key, V: StateValue> KeyedState<K, V> {
+    /// Puts the state on `backend` (before anything is stored: what the
+    /// state held is dropped).
+    pub fn open(&mut self, backend: Backend) {
+        self.store = match backend {
+            Backend::Memory => Store::Memory(InMemory::default()),
+            Backend::Encoded => Store::Other(Box::new(Encoded::<K, V>::default())),
+        };
+    }
+
+    /// Puts the state on a backend of the caller's (e.g. one a test wraps
+    /// around another).
+    pub fn open_with(&mut self, backend: Box<dyn KeyedStateBackend<K, V>>) {
+        self.store = Store::Other(backend);
+    }
+
+    /// The value of `key`.
+    #[inline]
+    pub fn get(&mut self, key: &K) -> Option<&V> {
+        match &mut self.store {
+            Store::Memory(m) => m.0.get(key),
+            Store::Other(b) => b.get(key),
+        }
+    }
+
+    /// The value of `key`, to change in place.
+    #[inline]
+    pub fn get_mut(&mut self, key: &K) -> Option<&mut V> {
+        match &mut self.store {
+            Store::Memory(m) => m.0.get_mut(key),
+            Store::Other(b) => b.get_mut(key),
+        }
+    }
+
+    /// The value of `key`, made by `make` if there is none.
+    #[inline]
+    pub fn get_or_insert_with(&mut self, key: K, make: impl FnOnce() -> V) -> &mut V {
+        match &mut self.store {
+            Store::Memory(m) => m.0.entry(key).or_insert_with(make),
+            Store::Other(b) => {
+                let mut make = Some(make);
+                b.get_or_insert_with(key, &mut || (make.take().expect("made once"))())
+            }
+        }
+    }
+
+    /// Sets the value of `key`; returns the previous one.
+    #[inline]
+    pub fn insert(&mut self, key: K, value: V) -> Option<V> {
+        match &mut self.store {
+            Store::Memory(m) => m.0.insert(key, value),
+            Store::Other(b) => b.insert(key, value),
+        }
+    }
+
+    /// Removes `key`; returns its value.
+    #[inline]
+    pub fn remove(&mut self, key: &K) -> Option<V> {
+        match &mut self.store {
+            Store::Memory(m) => m.0.remove(key),
+            Store::Other(b) => b.remove(key),
+        }
+    }
+
+    /// The number of keys.
+    pub fn len(&self) -> usize {
+        dispatch!(&self.store, s => s.len())
+    }
+
+    /// Whether there is no key.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Room for `n` more keys (a hint).
+    pub fn reserve(&mut self, n: usize) {
+        dispatch!(&mut self.store, s => s.reserve(n))
+    }
+
+    /// Calls `each` with every key and value, in no particular order.
+    pub fn for_each(&self, mut each: impl FnMut(&K, &V)) {
+        match &self.store {
+            Store::Memory(m) => m.0.iter().for_each(|(k, v)| each(k, v)),
+            Store::Other(b) => b.for_each(&mut each),
+        }
+    }
+
+    /// Calls `each` with every key and value, to change in place.
+    pub fn for_each_mut(&mut self, mut each: impl FnMut(&K, &mut V)) {
+        match &mut self.store {
+            Store::Memory(m) => m.0.iter_mut().for_each(|(k, v)| each(k, v)),
+            Store::Other(b) => b.for_each_mut(&mut each),
+        }
+    }
+
+    /// Keeps the keys for which `keep` is true.
+    pub fn retain(&mut self, mut keep: impl FnMut(&K, &mut V) -> bool) {
+        match &mut self.store {
+            Store::Memory(m) => m.0.retain(|k, v| keep(k, v)),
+            Store::Other(b) => b.retain(&mut keep),
+        }
+    }
+
+    /// Removes every key.
+    pub fn clear(&mut self) {
+        match &mut self.store {
+            Store::Memory(m) => m.0.clear(),
+            Store::Other(b) => b.retain(&mut |_, _| false),
+        }
+    }
+
+    /// Writes back what changed in this activation (nothing to do in memory).
+    ///
+    /// # Errors
+    /// A value that does not encode or decode on the backend.
+    #[inline]
+    pub fn flush(&mut self) -> Result<(), String> {
+        match &mut self.store {
+            Store::Memory(_) => Ok(()),
+            Store::Other(b) => b.flush(),
+        }
+    }
+}

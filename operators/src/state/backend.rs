@@ -195,9 +195,9 @@ impl<K: Key, V: StateValue> Encoded<K, V> {
         present
     }
 
-    /// Brings every stored key into the cache.
-    fn load_all(&mut self) {
-        let mut loaded = Vec::new();
+    /// Calls `each` with every stored key and value the cache does not
+    /// override, decoded (what does not decode is reported by the next flush).
+    fn for_each_stored(&self, mut each: impl FnMut(K, V)) {
         for (kb, vb) in &self.store {
             let key = match crate::checkpoint::decode::<K>(kb) {
                 Ok(k) => k,
@@ -210,10 +210,16 @@ impl<K: Key, V: StateValue> Encoded<K, V> {
                 continue;
             }
             match crate::checkpoint::decode::<V>(vb) {
-                Ok(v) => loaded.push((key, v)),
+                Ok(v) => each(key, v),
                 Err(e) => self.fail(format!("a stored value does not decode: {e} (key {key:?})")),
             }
         }
+    }
+
+    /// Brings every stored key into the cache.
+    fn load_all(&mut self) {
+        let mut loaded = Vec::new();
+        self.for_each_stored(|k, v| loaded.push((k, v)));
         for (k, v) in loaded {
             self.cache.insert(k, Some(v));
         }
@@ -254,22 +260,7 @@ impl<K: Key, V: StateValue> KeyedStateBackend<K, V> for Encoded<K, V> {
         self.cache.reserve(n);
     }
     fn for_each(&self, each: &mut dyn FnMut(&K, &V)) {
-        for (kb, vb) in &self.store {
-            let key = match crate::checkpoint::decode::<K>(kb) {
-                Ok(k) => k,
-                Err(e) => {
-                    self.fail(format!("a stored key does not decode: {e}"));
-                    continue;
-                }
-            };
-            if self.cache.contains_key(&key) {
-                continue;
-            }
-            match crate::checkpoint::decode::<V>(vb) {
-                Ok(v) => each(&key, &v),
-                Err(e) => self.fail(format!("a stored value does not decode: {e} (key {key:?})")),
-            }
-        }
+        self.for_each_stored(|k, v| each(&k, &v));
         for (k, v) in &self.cache {
             if let Some(v) = v {
                 each(k, v);

@@ -1,6 +1,6 @@
 //! Joins of two event streams on a key: unwindowed, and by event-time interval.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::rc::Rc;
 use std::slice::IterMut;
 
@@ -11,6 +11,7 @@ use crate::key::{route, Data, Key};
 use crate::late::{Counter, LateOutput};
 use crate::state::{
     ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot, StateValue, Stateful,
+    Timers,
 };
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
@@ -149,7 +150,7 @@ fn cancelled<'a, T: 'a>(
 #[allow(clippy::too_many_arguments)]
 fn hold<K: Key, T: StateValue>(
     side: &mut KeyedState<K, Held<T>>,
-    due: &mut BTreeMap<Timestamp, Vec<K>>,
+    due: &mut Timers<K>,
     k: K,
     item: T,
     release_at: Timestamp,
@@ -177,7 +178,7 @@ fn hold<K: Key, T: StateValue>(
     held.items.push_back(item);
     if held.scheduled == Timestamp::MAX && release_at < END_OF_TIME {
         held.scheduled = release_at;
-        due.entry(release_at).or_default().push(k);
+        due.schedule(release_at, k);
     }
 }
 
@@ -190,15 +191,11 @@ fn hold<K: Key, T: StateValue>(
 /// and no scanning.
 fn release<K: Key, T: StateValue>(
     side: &mut KeyedState<K, Held<T>>,
-    due: &mut BTreeMap<Timestamp, Vec<K>>,
+    due: &mut Timers<K>,
     watermark: Timestamp,
     released: impl Fn(&T) -> Timestamp,
 ) {
-    while let Some(entry) = due.first_entry() {
-        if *entry.key() > watermark {
-            break;
-        }
-        let (time, keys) = entry.remove_entry();
+    while let Some((time, keys)) = due.pop_due(watermark) {
         for k in keys {
             let Some(held) = side.get_mut(&k) else { continue };
             if held.scheduled != time {
@@ -213,7 +210,7 @@ fn release<K: Key, T: StateValue>(
                 }
                 Some(next) if next < END_OF_TIME => {
                     held.scheduled = next;
-                    due.entry(next).or_default().push(k);
+                    due.schedule(next, k);
                 }
                 Some(_) => held.scheduled = Timestamp::MAX,
             }
@@ -360,8 +357,8 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
             output,
             counter_left: count_left.clone(),
             counter_right: count_right.clone(),
-            left_due: BTreeMap::new(),
-            right_due: BTreeMap::new(),
+            left_due: Timers::default(),
+            right_due: Timers::default(),
         };
 
         builder.build(move |_initial_capabilities, mut managed| {
@@ -404,8 +401,8 @@ struct IntervalOp<K, KL, KR, B, F> {
     counter_left: Counter,
     counter_right: Counter,
     /// Keys by the time a release check is scheduled for their held records.
-    left_due: BTreeMap<Timestamp, Vec<K>>,
-    right_due: BTreeMap<Timestamp, Vec<K>>,
+    left_due: Timers<K>,
+    right_due: Timers<K>,
 }
 
 impl<K, KL, KR, B, F> IntervalOp<K, KL, KR, B, F>
@@ -424,15 +421,11 @@ where
         rights.reserve(n);
         entries.for_each(|entry| match entry {
             Sided::Left(k, held) => {
-                if held.scheduled != Timestamp::MAX {
-                    self.left_due.entry(held.scheduled).or_default().push(k.clone());
-                }
+                self.left_due.restore(held.scheduled, k.clone());
                 lefts.insert(k, held);
             }
             Sided::Right(k, held) => {
-                if held.scheduled != Timestamp::MAX {
-                    self.right_due.entry(held.scheduled).or_default().push(k.clone());
-                }
+                self.right_due.restore(held.scheduled, k.clone());
                 rights.insert(k, held);
             }
         });

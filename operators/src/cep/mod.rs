@@ -58,7 +58,6 @@
 mod nfa;
 mod pattern;
 
-use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::slice::IterMut;
 use std::sync::Arc;
@@ -70,7 +69,7 @@ use crate::key::{route, Data, Key};
 use crate::late::{Counter, LateOutput};
 use crate::state::pending::Pending;
 use crate::state::{
-    ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot, Stateful,
+    ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot, Stateful, Timers,
 };
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, Timestamp};
@@ -264,17 +263,14 @@ impl<K, E> Replay<K, E> {
 
 /// Schedules the key's next trim if it is earlier than the one set.
 fn schedule_trim<K: Key, E>(
-    trims: &mut BTreeMap<Timestamp, Vec<K>>,
+    trims: &mut Timers<K>,
     k: &K,
     replay: &mut Replay<K, E>,
     allowed: u64,
     within: Option<u64>,
 ) {
     if let Some(at) = replay.next_trim(allowed, within) {
-        if at < replay.trim_at {
-            replay.trim_at = at;
-            trims.entry(at).or_default().push(k.clone());
-        }
+        trims.bring_forward(&mut replay.trim_at, at, k);
     }
 }
 
@@ -395,9 +391,9 @@ impl<'scope, E: Data + Sync> EventStream<'scope, E> {
             key,
             lateness,
             counter: count.clone(),
-            trims: BTreeMap::new(),
+            trims: Timers::default(),
             processed: 0,
-            timers: BTreeMap::new(),
+            timers: Timers::default(),
             // Matches go out on output 0, time-outs on output 1.
             hold: Hold::with_outputs(2),
             found_matches: Vec::new(),
@@ -475,11 +471,11 @@ struct PatternOperator<K, E, KF> {
     allowed: u64,
     counter: Counter,
     /// Keys whose oldest replayable event leaves the lateness horizon, by watermark.
-    trims: BTreeMap<Timestamp, Vec<K>>,
+    trims: Timers<K>,
     /// The watermark up to which events have been matched.
     processed: Timestamp,
     /// Expiry timers: the keys due, each with the time its output promise is held at.
-    timers: BTreeMap<Timestamp, Vec<(K, Timestamp)>>,
+    timers: Timers<(K, Timestamp)>,
     hold: Hold,
     found_matches: Vec<Found<E>>,
     expired: Vec<(Match<K, E>, Timestamp, bool)>,
@@ -503,11 +499,9 @@ impl<K: Key, E: Data + Sync, KF: Fn(&E) -> K> PatternOperator<K, E, KF> {
                 if keyed.timer != Timestamp::MAX {
                     let promise = (keyed.timer - 1).max(time);
                     self.hold.restore(promise, initial);
-                    self.timers.entry(keyed.timer).or_default().push((k.clone(), promise));
+                    self.timers.schedule(keyed.timer, (k.clone(), promise));
                 }
-                if keyed.replay.trim_at != Timestamp::MAX {
-                    self.trims.entry(keyed.replay.trim_at).or_default().push(k.clone());
-                }
+                self.trims.restore(keyed.replay.trim_at, k.clone());
                 keys.insert(k, keyed);
             }
             CepEntry::Waiting(t, k, event, emit_at) => {
@@ -571,7 +565,7 @@ impl<K: Key, E: Data + Sync, KF: Fn(&E) -> K> PatternOperator<K, E, KF> {
                 keyed.timer = next;
                 let promise = (next - 1).max(arrived);
                 self.hold.insert(promise, cap);
-                self.timers.entry(next).or_default().push((k.clone(), promise));
+                self.timers.schedule(next, (k.clone(), promise));
             }
         }
         schedule_trim(&mut self.trims, &k, &mut keyed.replay, self.allowed, self.within);
@@ -630,7 +624,7 @@ impl<K: Key, E: Data + Sync, KF: Fn(&E) -> K> PatternOperator<K, E, KF> {
                 // Not before the capability the event came with.
                 let promise = (next - 1).max(emit_at);
                 self.hold.promise(promise);
-                self.timers.entry(next).or_default().push((k, promise));
+                self.timers.schedule(next, (k, promise));
             }
             None if keyed.timer == Timestamp::MAX && keyed.is_idle() => {
                 keys.remove(&k);
@@ -655,11 +649,7 @@ impl<K: Key, E: Data + Sync, KF: Fn(&E) -> K> PatternOperator<K, E, KF> {
     fn trim_replays(&mut self, keys: &mut KeyedState<K, Keyed<K, E>>, watermark: Timestamp) {
         // Events before the lateness horizon can no longer be preceded by a late one.
         let horizon = watermark.saturating_sub(self.allowed);
-        while let Some(entry) = self.trims.first_entry() {
-            if *entry.key() > watermark {
-                break;
-            }
-            let (at, due) = entry.remove_entry();
+        while let Some((at, due)) = self.trims.pop_due(watermark) {
             for k in due {
                 let Some(keyed) = keys.get_mut(&k) else { continue };
                 if keyed.replay.trim_at != at {
@@ -719,17 +709,13 @@ fn expire<K: Key, E: Data + Sync>(
     names: &[Arc<str>],
     until: Timestamp,
     keys: &mut KeyedState<K, Keyed<K, E>>,
-    timers: &mut BTreeMap<Timestamp, Vec<(K, Timestamp)>>,
+    timers: &mut Timers<(K, Timestamp)>,
     hold: &mut Hold,
     out: &mut Vec<(Match<K, E>, Timestamp, bool)>,
     record: bool,
 ) {
     let (mut found_matches, mut found_timeouts) = (Vec::new(), Vec::new());
-    while let Some(entry) = timers.first_entry() {
-        if *entry.key() > until {
-            break;
-        }
-        let (at, due) = entry.remove_entry();
+    while let Some((at, due)) = timers.pop_due(until) {
         for (k, promise) in due {
             if let Some(keyed) = keys.get_mut(&k) {
                 if keyed.timer == at {
@@ -746,7 +732,7 @@ fn expire<K: Key, E: Data + Sync>(
                         // Scheduled while this timer's promise is held: at or after it.
                         let at_least = (next - 1).max(promise);
                         hold.promise(at_least);
-                        timers.entry(next).or_default().push((k.clone(), at_least));
+                        timers.schedule(next, (k.clone(), at_least));
                     } else if keyed.is_idle() {
                         keys.remove(&k);
                     }

@@ -51,7 +51,7 @@ pub use crate::checkpoint::{Schema, StateError};
 pub use backend::{Encoded, InMemory, KeyedStateBackend, StateValue};
 pub use keyed::{AnyKeyedState, Backend, KeyedState, UnknownBackend, BACKEND_ENV};
 pub use process::{KeyedContext, KeyedProcess};
-pub(crate) use stateful::ActiveOutput;
+pub(crate) use stateful::{give_all, ActiveOutput};
 pub use stateful::{GatedInput, InputOf, Managed, OutputOf, RestoredEntries, Stateful, StatefulBuilder};
 pub use timers::Timers;
 

@@ -26,6 +26,17 @@ pub type OutputOf<T> = OutputBuilder<Timestamp, CapacityContainerBuilder<Vec<Upd
 /// of an [`OutputOf`]): what the operator's steps open sessions on.
 pub(crate) type ActiveOutput<'a, T> = OutputBuilderSession<'a, Timestamp, CapacityContainerBuilder<Vec<Update<T>>>>;
 
+/// Gives out `updates` under `cap`, if there are any, leaving the buffer
+/// empty: how an operator's steps hand on what they buffered.
+pub(crate) fn give_all<T: Data, C>(output: &mut ActiveOutput<'_, T>, cap: &C, updates: &mut Vec<Update<T>>)
+where
+    C: timely::dataflow::operators::CapabilityTrait<Timestamp>,
+{
+    if !updates.is_empty() {
+        output.session(cap).give_iterator(updates.drain(..));
+    }
+}
+
 /// The input handle of a stateful operator's input read through `P`.
 pub type InputOf<D, P> =
     InputHandleCore<Timestamp, Vec<Update<D>>, <P as ParallelizationContract<Timestamp, Vec<Update<D>>>>::Puller>;

@@ -13,6 +13,7 @@ use crate::time::Timestamp;
 ///
 /// ```
 /// use highwater_operators::state::Timers;
+/// use highwater_operators::time::Timestamp;
 /// let mut timers = Timers::default();
 /// timers.schedule(20, 'a');
 /// timers.schedule(10, 'b');
@@ -20,6 +21,12 @@ use crate::time::Timestamp;
 /// assert_eq!(timers.pop_due(15), Some((10, vec!['b'])));
 /// assert_eq!(timers.pop_due(15), None);
 /// assert_eq!(timers.pop_due(20), Some((20, vec!['a'])));
+///
+/// // One timer per key, kept in the key's state: brought forward only.
+/// let mut at = Timestamp::MAX;
+/// assert!(timers.bring_forward(&mut at, 30, &'c'));
+/// assert!(!timers.bring_forward(&mut at, 40, &'c'));
+/// assert_eq!((at, timers.next()), (30, Some(30)));
 /// ```
 #[derive(Clone, Debug)]
 pub struct Timers<K> {
@@ -38,6 +45,30 @@ impl<K> Timers<K> {
         self.by_time.entry(time).or_default().push(key);
     }
 
+    /// Schedules `key` at `time` unless `time` is `Timestamp::MAX` (no
+    /// timer): a key's timer restored from a checkpoint.
+    pub fn restore(&mut self, time: Timestamp, key: K) {
+        if time != Timestamp::MAX {
+            self.schedule(time, key);
+        }
+    }
+
+    /// Brings a key's one timer forward to `time`: `current` is the time the
+    /// key's own state records its timer at (`Timestamp::MAX`: none). If
+    /// `time` is earlier, it is recorded there and `key` scheduled at it (the
+    /// later schedule stays, superseded); returns whether it was.
+    pub fn bring_forward(&mut self, current: &mut Timestamp, time: Timestamp, key: &K) -> bool
+    where
+        K: Clone,
+    {
+        if time >= *current {
+            return false;
+        }
+        *current = time;
+        self.schedule(time, key.clone());
+        true
+    }
+
     /// The earliest scheduled time.
     pub fn next(&self) -> Option<Timestamp> {
         self.by_time.first_key_value().map(|(t, _)| *t)
@@ -51,6 +82,11 @@ impl<K> Timers<K> {
             return None;
         }
         Some(entry.remove_entry())
+    }
+
+    /// Forgets every timer.
+    pub fn clear(&mut self) {
+        self.by_time.clear();
     }
 
     /// Whether nothing is scheduled.

@@ -3,7 +3,6 @@
 //! [`EventStream::left_join_as_of`]), from the table's versions kept as far
 //! back as an event can still ask for them.
 
-use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::slice::IterMut;
 
@@ -17,7 +16,7 @@ use crate::late::{Counter, LateOutput};
 use crate::state::multiset::bump;
 use crate::state::pending::Pending;
 use crate::state::{
-    ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot, Stateful,
+    ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot, Stateful, Timers,
 };
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
@@ -206,7 +205,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
             output,
             lateness: AllowedLateness(allowed_lateness),
             counter: count.clone(),
-            due: BTreeMap::new(),
+            due: Timers::default(),
             hold: Hold::default(),
             horizon: 0,
         };
@@ -253,7 +252,7 @@ struct AsOfJoin<K, KF, F> {
     lateness: AllowedLateness,
     counter: Counter,
     /// The keys with changes after the horizon, by the changes' times.
-    due: BTreeMap<Timestamp, Vec<K>>,
+    due: Timers<K>,
     hold: Hold,
     /// Changes up to the horizon are summed in the versions' bases. A
     /// restored worker starts from 0: its keys' changes are kept by
@@ -275,7 +274,7 @@ impl<K: Key, KF, F> AsOfJoin<K, KF, F> {
         entries.for_each(|entry| match entry {
             AsOfEntry::Versions(k, versioned) => {
                 for (t, _, _) in versioned.changes.iter() {
-                    self.due.entry(*t).or_default().push(k.clone());
+                    self.due.schedule(*t, k.clone());
                 }
                 versions.insert(k, versioned);
             }
@@ -310,7 +309,7 @@ impl<K: Key, KF, F> AsOfJoin<K, KF, F> {
                 } else {
                     let at = entry.changes.partition_point(|(t, _, _)| *t <= time);
                     entry.changes.insert(at, (time, v, diff));
-                    self.due.entry(time).or_default().push(k);
+                    self.due.schedule(time, k);
                 }
             }
         }
@@ -408,11 +407,8 @@ impl<K: Key, KF, F> AsOfJoin<K, KF, F> {
             self.due.clear();
         } else if next > self.horizon {
             self.horizon = next.saturating_sub(1);
-            while let Some(entry) = self.due.first_entry() {
-                if *entry.key() > self.horizon {
-                    break;
-                }
-                for k in entry.remove() {
+            while let Some((_, due)) = self.due.pop_due(self.horizon) {
+                for k in due {
                     if versions.get_mut(&k).is_some_and(|v| v.compact(self.horizon)) {
                         versions.remove(&k);
                     }

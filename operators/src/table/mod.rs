@@ -55,8 +55,6 @@ pub use as_of::AsOfJoined;
 pub use join::{FullJoined, LeftJoined};
 pub use serve::TableReader;
 
-use std::collections::BTreeMap;
-
 use differential_dataflow::operators::arrange::{Arranged, TraceAgent};
 use differential_dataflow::trace::implementations::ValSpine;
 use differential_dataflow::VecCollection;
@@ -64,7 +62,7 @@ use smallvec::SmallVec;
 
 use crate::key::{route, Data, Key};
 use crate::late::{Counter, LateOutput};
-use crate::state::{AnyKeyedState, KeyedState, OperatorState, Schema, Snapshot, Stateful};
+use crate::state::{give_all, AnyKeyedState, KeyedState, OperatorState, Schema, Snapshot, Stateful, Timers};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
 
@@ -172,7 +170,7 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
         let (mut late_out, late) = builder.output::<(K, Option<V>)>();
         let count = Counter::new();
         let mut op =
-            UpsertOp { lateness, counter: count.clone(), due: BTreeMap::new(), log: Vec::new(), late: Vec::new() };
+            UpsertOp { lateness, counter: count.clone(), due: Timers::default(), log: Vec::new(), late: Vec::new() };
 
         builder.build(move |_caps, mut managed| {
             // Recovery: each key's history, and its compaction schedule. The
@@ -180,9 +178,7 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
             managed.restore(|Upserts(tables), _time, entries| {
                 tables.reserve(entries.len());
                 entries.for_each(|(k, history)| {
-                    if history.scheduled != Timestamp::MAX {
-                        op.due.entry(history.scheduled).or_default().push(k.clone());
-                    }
+                    op.due.restore(history.scheduled, k.clone());
                     tables.insert(k, history);
                 });
             });
@@ -202,12 +198,8 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
                             op.take(tables, k, v, time, diff, arrived);
                         }
                     }
-                    if !op.log.is_empty() {
-                        log.session(&cap).give_iterator(op.log.drain(..));
-                    }
-                    if !op.late.is_empty() {
-                        late.session(&cap).give_iterator(op.late.drain(..));
-                    }
+                    give_all(&mut log, &cap, &mut op.log);
+                    give_all(&mut late, &cap, &mut op.late);
                 });
                 let watermark = watermark_of(&frontiers[0]);
                 op.compact(tables, watermark);
@@ -255,7 +247,7 @@ struct UpsertOp<K, V> {
     lateness: AllowedLateness,
     counter: Counter,
     /// Keys by the time a compaction of their history is scheduled for.
-    due: BTreeMap<Timestamp, Vec<K>>,
+    due: Timers<K>,
     /// The changelog and the late upserts of the stamp being taken in.
     log: Vec<Update<(K, V)>>,
     late: Vec<Update<(K, Option<V>)>>,
@@ -327,9 +319,8 @@ impl<K: Key, V: Data + PartialEq> UpsertOp<K, V> {
             }
         }
         match history.compact_from() {
-            Some(from) if self.lateness.release_at(from.saturating_add(1)) < history.scheduled => {
-                history.scheduled = self.lateness.release_at(from.saturating_add(1));
-                self.due.entry(history.scheduled).or_default().push(k);
+            Some(from) => {
+                self.due.bring_forward(&mut history.scheduled, self.lateness.release_at(from.saturating_add(1)), &k);
             }
             None if history.versions.is_empty() => {
                 tables.remove(&k);
@@ -344,11 +335,11 @@ impl<K: Key, V: Data + PartialEq> UpsertOp<K, V> {
         // A record at `watermark - lateness` is still accepted, and an undo
         // there needs the version before it: keep the latest one before.
         let horizon = watermark.saturating_sub(self.lateness.0).saturating_sub(1);
-        while let Some(entry) = self.due.first_entry() {
-            if *entry.key() > watermark || watermark == END_OF_TIME {
-                break;
-            }
-            let (time, keys) = entry.remove_entry();
+        // At the end of input the histories are kept as they are (a final checkpoint holds them).
+        if watermark == END_OF_TIME {
+            return;
+        }
+        while let Some((time, keys)) = self.due.pop_due(watermark) {
             for k in keys {
                 let Some(history) = tables.get_mut(&k) else { continue };
                 if history.scheduled != time {
@@ -359,7 +350,7 @@ impl<K: Key, V: Data + PartialEq> UpsertOp<K, V> {
                     tables.remove(&k);
                 } else if let Some(from) = history.compact_from() {
                     history.scheduled = self.lateness.release_at(from.saturating_add(1)).max(time.saturating_add(1));
-                    self.due.entry(history.scheduled).or_default().push(k);
+                    self.due.schedule(history.scheduled, k);
                 }
             }
         }

@@ -1,6 +1,6 @@
 //! Count windows: windows of the last N records of a key, in event-time order.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::rc::Rc;
 
 use timely::dataflow::operators::{Capability, InputCapability};
@@ -8,9 +8,12 @@ use timely::dataflow::operators::{Capability, InputCapability};
 use super::{consolidate, skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
 use crate::aggregate::Aggregate;
 use crate::hold::Hold;
-use crate::key::{route, Data, Key, StateMap};
+use crate::key::{route, Data, Key};
 use crate::late::Counter;
-use crate::state::{ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot};
+use crate::state::pending::Pending;
+use crate::state::{
+    give_all, ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot,
+};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp};
 
@@ -154,112 +157,6 @@ impl<K: Key, D: Data, O: Data> OperatorState for CountState<K, D, O> {
     }
 }
 
-/// Records waiting until the watermark passes their event time, so that they
-/// can be taken in event-time order, which a checkpoint can list by key and a
-/// recovery can put back. Shared by the count and global windows.
-#[derive(Debug)]
-pub(super) struct Pending<D> {
-    /// By event time: the records, and the timely time their results go out at
-    /// (their event time, or their arrival time if they came later).
-    by_time: BTreeMap<Timestamp, (Vec<D>, Timestamp)>,
-}
-
-impl<D> Default for Pending<D> {
-    fn default() -> Self {
-        Pending { by_time: BTreeMap::new() }
-    }
-}
-
-impl<D> Pending<D> {
-    /// Adds `record` at `time`; it arrived at timely time `arrived`.
-    pub(super) fn insert(
-        &mut self,
-        record: D,
-        time: Timestamp,
-        arrived: Timestamp,
-        hold: &mut Hold,
-        cap: &InputCapability<Timestamp>,
-    ) {
-        let needed = time.max(arrived);
-        let (records, emit_at) = self.by_time.entry(time).or_insert_with(|| (Vec::new(), Timestamp::MAX));
-        records.push(record);
-        if needed < *emit_at {
-            if *emit_at != Timestamp::MAX {
-                hold.remove(*emit_at);
-            }
-            *emit_at = needed;
-            hold.insert(needed, cap);
-        }
-    }
-
-    /// Puts back `record` at `time` from a checkpoint taken at `cut`: it
-    /// arrived before the cut, so its results go out at `max(time, cut)` (its
-    /// time: the records waiting at a cut are those the watermark has not
-    /// passed), under a capability minted from the `initial` ones.
-    pub(super) fn restore(
-        &mut self,
-        record: D,
-        time: Timestamp,
-        cut: Timestamp,
-        hold: &mut Hold,
-        initial: &[Capability<Timestamp>],
-    ) {
-        let needed = time.max(cut);
-        let (records, emit_at) = self.by_time.entry(time).or_insert_with(|| (Vec::new(), Timestamp::MAX));
-        records.push(record);
-        if needed < *emit_at {
-            if *emit_at != Timestamp::MAX {
-                hold.remove(*emit_at);
-            }
-            *emit_at = needed;
-            hold.restore(needed, initial);
-        }
-    }
-
-    /// The earliest waiting time below `watermark`, with its records and
-    /// emission time; the hold's promise for it is withdrawn (the caller emits
-    /// under [`Hold::at`] before settling).
-    pub(super) fn pop_before(
-        &mut self,
-        watermark: Timestamp,
-        hold: &mut Hold,
-    ) -> Option<(Timestamp, Vec<D>, Timestamp)> {
-        let entry = self.by_time.first_entry()?;
-        if *entry.key() >= watermark {
-            return None;
-        }
-        let (time, (records, emit_at)) = entry.remove_entry();
-        hold.remove(emit_at);
-        Some((time, records, emit_at))
-    }
-
-    /// The earliest waiting event time.
-    pub(super) fn first_time(&self) -> Option<Timestamp> {
-        self.by_time.first_key_value().map(|(t, _)| *t)
-    }
-
-    /// The keys of the waiting records, in the order [`by_key`](Self::by_key)
-    /// takes them: computed on the worker, as key functions need not be `Send`,
-    /// before the records go to a background thread to be serialized.
-    pub(super) fn keys<K>(&self, key: impl Fn(&D) -> K) -> Vec<K> {
-        self.by_time.values().flat_map(|(records, _)| records.iter().map(&key)).collect()
-    }
-
-    /// The waiting records grouped by key, each with its event time, given
-    /// their [`keys`](Self::keys).
-    pub(super) fn by_key<K: Key>(&self, keys: Vec<K>) -> StateMap<K, Vec<(Timestamp, &D)>> {
-        let mut keys = keys.into_iter();
-        let mut grouped: StateMap<K, Vec<(Timestamp, &D)>> = StateMap::default();
-        for (time, (records, _)) in &self.by_time {
-            for record in records {
-                let k = keys.next().expect("a key per waiting record");
-                grouped.entry(k).or_default().push((*time, record));
-            }
-        }
-        grouped
-    }
-}
-
 impl<D: Data + Ord> WindowSpec<D> for CountWindows {
     fn aggregate_core<'scope, K, KF, A>(
         self,
@@ -275,15 +172,63 @@ impl<D: Data + Ord> WindowSpec<D> for CountWindows {
         KF: Fn(&D) -> K + 'static,
         A: Aggregate<D>,
     {
-        aggregate(stream, name, key, self, lateness, agg)
+        let spec = self;
+        let key = Rc::new(key);
+        let (Skeleton { builder, mut input, results: mut results_out, late: mut late_out, late_count }, windowed) =
+            skeleton::<CountState<K, D, A::Output>, _, _, _, _>(stream, name, &key);
+
+        builder.build(move |initial_capabilities, mut managed| {
+            let mut op = CountOp {
+                key,
+                agg,
+                spec,
+                lateness,
+                counter: late_count,
+                // Results go out on output 0, unmatched retractions on the late output 1.
+                hold: Hold::with_outputs(2),
+                processed_upto: 0,
+                touched: Vec::new(),
+                out: Vec::new(),
+                emitted: Vec::new(),
+                late: Vec::new(),
+            };
+            managed.restore(|st, time, entries| op.restore(st, time, entries, &initial_capabilities));
+            drop(initial_capabilities);
+
+            move |frontiers| {
+                if !managed.home() {
+                    return;
+                }
+                let state = managed.get();
+                let mut results = results_out.activate();
+                let mut late = late_out.activate();
+                input.for_each_stamp(|cap, data| {
+                    let arrived = arrival_time(&cap);
+                    for batch in data {
+                        for (record, time, diff) in batch.drain(..) {
+                            op.take(state, record, time, diff, arrived, &cap);
+                        }
+                    }
+                    give_all(&mut results, &cap, &mut op.out);
+                    give_all(&mut late, &cap, &mut op.late);
+                });
+                let watermark = watermark_of(&frontiers[0]);
+                op.advance(state, watermark, &mut results, &mut late);
+                let key = &op.key;
+                managed.checkpoint_with(watermark, |st| st.waiting.keys(|(d, _)| key(d)));
+            }
+        });
+
+        windowed
     }
 }
 
-/// Takes `count` copies of `record` at `time` out of a key's processed
-/// records, retracting every window they shift and emitting them again
-/// (into `out`); returns how many copies were not there to take.
+/// Puts `count` copies of `record` at `time` in their place among a key's
+/// processed records (a negative `count` takes them out), retracting every
+/// window they shift and emitting it again (into `out`); returns how many
+/// copies a retraction found no record to take.
 #[allow(clippy::too_many_arguments)]
-fn retract<K: Key, D: Data + Ord, A: Aggregate<D>>(
+fn shift<K: Key, D: Data + Ord, A: Aggregate<D>>(
     state: &mut KeyState<D, A::Output>,
     record: &D,
     time: Timestamp,
@@ -294,17 +239,25 @@ fn retract<K: Key, D: Data + Ord, A: Aggregate<D>>(
     out: &mut Vec<Update<WindowResult<K, A::Output>>>,
     emitted: &mut Vec<(u64, Window, A::Output)>,
 ) -> Diff {
-    for taken in 0..count {
-        let pos = state.history.partition_point(|(t, d)| (*t, d) < (time, record));
-        if state.history.get(pos).is_none_or(|(t, d)| *t != time || d != record) {
-            return count - taken;
+    for done in 0..count.abs() {
+        // An insertion goes after its equals, a retraction takes the first of them.
+        let pos = state.history.partition_point(|(t, d)| match (*t, d).cmp(&(time, record)) {
+            std::cmp::Ordering::Equal => count > 0,
+            less_or_greater => less_or_greater.is_lt(),
+        });
+        if count < 0 && state.history.get(pos).is_none_or(|(t, d)| *t != time || d != record) {
+            return -count - done;
         }
         let abs = state.base + pos as u64;
         while state.emitted.back().is_some_and(|(last, _, _)| *last >= abs) {
             let (_, window, value) = state.emitted.pop_back().expect("checked non-empty");
             out.push((WindowResult { window, key: k.clone(), value }, window.end - 1, -1));
         }
-        state.history.remove(pos);
+        if count > 0 {
+            state.history.insert(pos, (time, record.clone()));
+        } else {
+            state.history.remove(pos);
+        }
         let end = state.base + state.history.len() as u64;
         evaluate(spec, state, abs, end, agg, k, out, emitted);
         state.emitted.extend(emitted.drain(..));
@@ -343,73 +296,6 @@ fn evaluate<K: Key, D, A: Aggregate<D>>(
             emitted.push((i, window, value));
         }
     }
-}
-
-fn aggregate<'scope, D, K, KF, A>(
-    stream: &EventStream<'scope, D>,
-    name: &str,
-    key: KF,
-    spec: CountWindows,
-    lateness: AllowedLateness,
-    agg: A,
-) -> Windowed<'scope, K, A::Output, D>
-where
-    D: Data + Ord,
-    K: Key,
-    KF: Fn(&D) -> K + 'static,
-    A: Aggregate<D>,
-{
-    let key = Rc::new(key);
-    let (Skeleton { builder, mut input, results: mut results_out, late: mut late_out, late_count }, windowed) =
-        skeleton::<CountState<K, D, A::Output>, _, _, _, _>(stream, name, &key);
-
-    builder.build(move |initial_capabilities, mut managed| {
-        let mut op = CountOp {
-            key,
-            agg,
-            spec,
-            lateness,
-            counter: late_count,
-            // Results go out on output 0, unmatched retractions on the late output 1.
-            hold: Hold::with_outputs(2),
-            processed_upto: 0,
-            touched: Vec::new(),
-            out: Vec::new(),
-            emitted: Vec::new(),
-            late: Vec::new(),
-        };
-        managed.restore(|st, time, entries| op.restore(st, time, entries, &initial_capabilities));
-        drop(initial_capabilities);
-
-        move |frontiers| {
-            if !managed.home() {
-                return;
-            }
-            let state = managed.get();
-            let mut results = results_out.activate();
-            let mut late = late_out.activate();
-            input.for_each_stamp(|cap, data| {
-                let arrived = arrival_time(&cap);
-                for batch in data {
-                    for (record, time, diff) in batch.drain(..) {
-                        op.take(state, record, time, diff, arrived, &cap);
-                    }
-                }
-                if !op.out.is_empty() {
-                    results.session(&cap).give_iterator(op.out.drain(..));
-                }
-                if !op.late.is_empty() {
-                    late.session(&cap).give_iterator(op.late.drain(..));
-                }
-            });
-            let watermark = watermark_of(&frontiers[0]);
-            op.advance(state, watermark, &mut results, &mut late);
-            let key = &op.key;
-            managed.checkpoint_with(watermark, |st| st.waiting.keys(|(d, _)| key(d)));
-        }
-    });
-
-    windowed
 }
 
 /// The count-window operator's work on a worker, step by step: records in
@@ -455,7 +341,7 @@ where
         st.keys.reserve(entries.len());
         entries.for_each(|(k, state, held)| {
             for (t, record) in held {
-                st.waiting.restore(record, t, time, &mut self.hold, initial);
+                st.waiting.restore(record, t, t.max(time), &mut self.hold, initial);
             }
             if let Some(state) = state {
                 if state.touched {
@@ -497,27 +383,11 @@ where
         if !std::mem::replace(&mut state.touched, true) {
             self.touched.push(k.clone());
         }
-        let (spec, agg) = (self.spec, &self.agg);
-        if diff < 0 {
-            let left = retract(state, &record, time, -diff, agg, &k, spec, &mut self.out, &mut self.emitted);
-            if left > 0 {
-                // More retracted than the window holds (or trimmed): not applied.
-                self.late.push((record, time, -left));
-                self.counter.add(1);
-            }
-            return;
-        }
-        for _ in 0..diff {
-            let pos = state.history.partition_point(|(t, d)| (*t, d) <= (time, &record));
-            let abs = state.base + pos as u64;
-            while state.emitted.back().is_some_and(|(last, _, _)| *last >= abs) {
-                let (_, window, value) = state.emitted.pop_back().expect("checked non-empty");
-                self.out.push((WindowResult { window, key: k.clone(), value }, window.end - 1, -1));
-            }
-            state.history.insert(pos, (time, record.clone()));
-            let end = state.base + state.history.len() as u64;
-            evaluate(spec, state, abs, end, agg, &k, &mut self.out, &mut self.emitted);
-            state.emitted.extend(self.emitted.drain(..));
+        let left = shift(state, &record, time, diff, &self.agg, &k, self.spec, &mut self.out, &mut self.emitted);
+        if left > 0 {
+            // More retracted than the window holds (or trimmed): not applied.
+            self.late.push((record, time, -left));
+            self.counter.add(1);
         }
     }
 
@@ -535,7 +405,7 @@ where
         }
         self.processed_upto = watermark;
         let (spec, agg) = (self.spec, &self.agg);
-        while let Some((time, mut records, emit_at)) = waiting.pop_before(watermark, &mut self.hold) {
+        while let Some((time, mut records, emit_at)) = waiting.pop_time_before(watermark, &mut self.hold) {
             // Ties in one millisecond in the records' own order, not arrival order.
             consolidate(&mut records);
             for (record, net) in records {

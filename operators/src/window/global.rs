@@ -1,6 +1,5 @@
 //! Global windows: one window per key for all time, fired by a trigger.
 
-use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::rc::Rc;
 use std::slice::IterMut;
@@ -10,13 +9,15 @@ use serde::{de::DeserializeOwned, Serialize};
 use timely::dataflow::operators::{Capability, InputCapability};
 use timely::scheduling::Activator;
 
-use super::count::Pending;
 use super::{consolidate, skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
 use crate::aggregate::Aggregate;
 use crate::hold::Hold;
 use crate::key::{route, Data, Key};
 use crate::late::Counter;
-use crate::state::{ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot};
+use crate::state::pending::Pending;
+use crate::state::{
+    give_all, ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot, Timers,
+};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
 
@@ -297,7 +298,56 @@ impl<D: Data + Ord, T: Trigger<D>> WindowSpec<D> for GlobalWindows<T> {
         KF: Fn(&D) -> K + 'static,
         A: Aggregate<D>,
     {
-        aggregate(stream, name, key, self.trigger, lateness, agg)
+        let trigger = self.trigger;
+        let key = Rc::new(key);
+        let (Skeleton { builder, mut input, results: mut results_out, late: mut late_out, late_count }, windowed) =
+            skeleton::<GlobalState<K, KeyWindowOf<D, T, A>, D>, _, _, _, _>(stream, name, &key);
+        let activator = builder.activator();
+        let period = trigger.processing_period();
+
+        builder.build(move |initial_capabilities, mut managed| {
+            let mut op = GlobalOperator {
+                key,
+                trigger,
+                agg,
+                lateness,
+                counter: late_count,
+                period,
+                activator,
+                timers: Timers::default(),
+                // Results go out on output 0, retractions no window holds on the late output 1.
+                hold: Hold::with_outputs(2),
+                processed_upto: 0,
+                last_period: period.map(|p| wall_clock_ms() / p * p).unwrap_or(0),
+                flushed: false,
+                out: Vec::new(),
+                touched: Vec::new(),
+                _records: PhantomData,
+            };
+            managed.restore(|state, time, entries| op.restore(state, time, entries, &initial_capabilities));
+            drop(initial_capabilities);
+
+            move |frontiers| {
+                // While a background thread snapshots the windows and waiting records
+                // (the timers stay: the windows carry them too), nothing is done.
+                if !managed.home() {
+                    return;
+                }
+                let state = managed.get();
+                let mut results = results_out.activate();
+                let mut late = late_out.activate();
+                input.for_each_stamp(|cap, data| op.take_input(state, &cap, data, &mut results, &mut late));
+                let watermark = watermark_of(&frontiers[0]);
+                op.advance(state, watermark, &mut results, &mut late);
+                op.fire_processing_time(&mut state.windows, watermark, &mut results);
+                op.forget_empty(&mut state.windows);
+                op.settle(&state.windows);
+                // The waiting records' keys are taken here (key functions need not be `Send`).
+                managed.checkpoint_with(watermark, |st| (st.waiting.keys(|(d, _)| (op.key)(d)), op.last_period));
+            }
+        });
+
+        windowed
     }
 }
 
@@ -339,72 +389,6 @@ fn act<K: Key, D, T: Trigger<D>, A: Aggregate<D>>(
     }
 }
 
-fn aggregate<'scope, D, K, KF, T, A>(
-    stream: &EventStream<'scope, D>,
-    name: &str,
-    key: KF,
-    trigger: T,
-    lateness: AllowedLateness,
-    agg: A,
-) -> Windowed<'scope, K, A::Output, D>
-where
-    D: Data + Ord,
-    K: Key,
-    KF: Fn(&D) -> K + 'static,
-    T: Trigger<D>,
-    A: Aggregate<D>,
-{
-    let key = Rc::new(key);
-    let (Skeleton { builder, mut input, results: mut results_out, late: mut late_out, late_count }, windowed) =
-        skeleton::<GlobalState<K, KeyWindowOf<D, T, A>, D>, _, _, _, _>(stream, name, &key);
-    let activator = builder.activator();
-    let period = trigger.processing_period();
-
-    builder.build(move |initial_capabilities, mut managed| {
-        let mut op = GlobalOperator {
-            key,
-            trigger,
-            agg,
-            lateness,
-            counter: late_count,
-            period,
-            activator,
-            timers: BTreeMap::new(),
-            // Results go out on output 0, retractions no window holds on the late output 1.
-            hold: Hold::with_outputs(2),
-            processed_upto: 0,
-            last_period: period.map(|p| wall_clock_ms() / p * p).unwrap_or(0),
-            flushed: false,
-            out: Vec::new(),
-            touched: Vec::new(),
-            _records: PhantomData,
-        };
-        managed.restore(|state, time, entries| op.restore(state, time, entries, &initial_capabilities));
-        drop(initial_capabilities);
-
-        move |frontiers| {
-            // While a background thread snapshots the windows and waiting records
-            // (the timers stay: the windows carry them too), nothing is done.
-            if !managed.home() {
-                return;
-            }
-            let state = managed.get();
-            let mut results = results_out.activate();
-            let mut late = late_out.activate();
-            input.for_each_stamp(|cap, data| op.take_input(state, &cap, data, &mut results, &mut late));
-            let watermark = watermark_of(&frontiers[0]);
-            op.advance(state, watermark, &mut results, &mut late);
-            op.fire_processing_time(&mut state.windows, watermark, &mut results);
-            op.forget_empty(&mut state.windows);
-            op.settle(&state.windows);
-            // The waiting records' keys are taken here (key functions need not be `Send`).
-            managed.checkpoint_with(watermark, |st| (st.waiting.keys(|(d, _)| (op.key)(d)), op.last_period));
-        }
-    });
-
-    windowed
-}
-
 impl<Acc, S: Default, O> KeyWindow<Acc, S, O> {
     /// An empty window whose accumulator is `acc`, starting at `start`.
     fn new(acc: Acc, start: Timestamp) -> Self {
@@ -431,7 +415,7 @@ struct GlobalOperator<K, D, KF, T, A: Aggregate<D>> {
     /// Wakes the operator up at the end of a processing-time period.
     activator: Activator,
     /// The keys whose window has an event-time timer, by time.
-    timers: BTreeMap<Timestamp, Vec<K>>,
+    timers: Timers<K>,
     hold: Hold,
     /// The watermark up to which waiting records and timers have been taken.
     processed_upto: Timestamp,
@@ -473,11 +457,11 @@ where
         entries.for_each(|(k, window, held, period)| {
             restored_period = restored_period.max(Some(period));
             for (t, record) in held {
-                waiting.restore(record, t, time, &mut self.hold, initial);
+                waiting.restore(record, t, t.max(time), &mut self.hold, initial);
             }
             if let Some(w) = window {
                 if let Some(at) = w.timer {
-                    self.timers.entry(at).or_default().push(k.clone());
+                    self.timers.schedule(at, k.clone());
                 }
                 windows.insert(k, w);
             }
@@ -516,7 +500,7 @@ where
         if let Some(at) = self.trigger.next_event_time(&w.trigger, time) {
             if w.timer.is_none_or(|t| at < t) && at > self.processed_upto {
                 w.timer = Some(at);
-                self.timers.entry(at).or_default().push(k);
+                self.timers.schedule(at, k);
             }
         }
     }
@@ -578,9 +562,7 @@ where
                 }
             }
         }
-        if !self.out.is_empty() {
-            results.session(cap).give_iterator(self.out.drain(..));
-        }
+        give_all(results, cap, &mut self.out);
     }
 
     /// Takes the waiting records and event-time timers the watermark has
@@ -598,7 +580,7 @@ where
         }
         loop {
             let next_record = state.waiting.first_time().filter(|t| *t < watermark);
-            let next_timer = self.timers.first_key_value().map(|(t, _)| *t).filter(|t| *t <= watermark);
+            let next_timer = self.timers.next().filter(|t| *t <= watermark);
             match (next_record, next_timer) {
                 (_, Some(t)) if next_record.is_none_or(|r| t <= r) => {
                     self.fire_event_time(&mut state.windows, results);
@@ -616,7 +598,7 @@ where
         windows: &mut KeyedState<K, KeyWindowOf<D, T, A>>,
         results: &mut ActiveOutput<'_, WindowResult<K, A::Output>>,
     ) {
-        let (t, due) = self.timers.pop_first().expect("checked above");
+        let (t, due) = self.timers.pop_due(END_OF_TIME).expect("checked above");
         let emit = t.saturating_sub(1);
         for k in due {
             let Some(w) = windows.get_mut(&k) else {
@@ -644,7 +626,7 @@ where
         results: &mut ActiveOutput<'_, WindowResult<K, A::Output>>,
         late: &mut ActiveOutput<'_, D>,
     ) {
-        let (time, mut records, emit_at) = waiting.pop_before(watermark, &mut self.hold).expect("checked above");
+        let (time, mut records, emit_at) = waiting.pop_time_before(watermark, &mut self.hold).expect("checked above");
         // Ties in one millisecond in the records' own order, not arrival
         // order; a retraction and an insertion of a record cancel out.
         consolidate(&mut records);

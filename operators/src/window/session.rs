@@ -1,7 +1,6 @@
 //! Session windows: per key, records closer than a gap form one session;
 //! sessions merge as records arrive out of order.
 
-use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use super::{skeleton, Skeleton, Window, WindowResult, WindowSpec, Windowed};
@@ -11,7 +10,9 @@ use crate::key::{route, Data, Key};
 use timely::dataflow::operators::{Capability, InputCapability};
 
 use crate::late::Counter;
-use crate::state::{ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot};
+use crate::state::{
+    give_all, ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot, Timers,
+};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp};
 
@@ -151,79 +152,59 @@ impl<D> WindowSpec<D> for Session {
         KF: Fn(&D) -> K + 'static,
         A: Aggregate<D>,
     {
-        aggregate(stream, name, key, self.gap, lateness, agg)
-    }
-}
+        let gap = self.gap;
+        let key = Rc::new(key);
+        let (Skeleton { builder, mut input, results: mut results_out, late: mut late_out, late_count }, windowed) =
+            skeleton::<Sessions<K, A::Acc, A::Output, D>, _, _, _, _>(stream, name, &key);
+        // On a stream that may carry retractions, sessions keep their records so
+        // that a retraction can split them.
+        let updating = !stream.is_append_only();
 
-fn aggregate<'scope, D, K, KF, A>(
-    stream: &EventStream<'scope, D>,
-    name: &str,
-    key: KF,
-    gap: u64,
-    lateness: AllowedLateness,
-    agg: A,
-) -> Windowed<'scope, K, A::Output, D>
-where
-    D: Data,
-    K: Key,
-    KF: Fn(&D) -> K + 'static,
-    A: Aggregate<D>,
-{
-    let key = Rc::new(key);
-    let (Skeleton { builder, mut input, results: mut results_out, late: mut late_out, late_count }, windowed) =
-        skeleton::<Sessions<K, A::Acc, A::Output, D>, _, _, _, _>(stream, name, &key);
-    // On a stream that may carry retractions, sessions keep their records so
-    // that a retraction can split them.
-    let updating = !stream.is_append_only();
+        builder.build(move |initial_capabilities, mut managed| {
+            let mut op = SessionOp {
+                key,
+                agg,
+                gap,
+                lateness,
+                updating,
+                counter: late_count,
+                timers: Timers::default(),
+                hold: Hold::default(),
+                fired_upto: 0,
+                retired: Vec::new(),
+                pieces: Vec::new(),
+                firing: Vec::new(),
+                corrections: Vec::new(),
+                late: Vec::new(),
+            };
+            managed.restore(|Sessions(keys), time, entries| op.restore(keys, time, entries, &initial_capabilities));
+            drop(initial_capabilities);
 
-    builder.build(move |initial_capabilities, mut managed| {
-        let mut op = SessionOp {
-            key,
-            agg,
-            gap,
-            lateness,
-            updating,
-            counter: late_count,
-            timers: BTreeMap::new(),
-            hold: Hold::default(),
-            fired_upto: 0,
-            retired: Vec::new(),
-            pieces: Vec::new(),
-            firing: Vec::new(),
-            corrections: Vec::new(),
-            late: Vec::new(),
-        };
-        managed.restore(|Sessions(keys), time, entries| op.restore(keys, time, entries, &initial_capabilities));
-        drop(initial_capabilities);
-
-        move |frontiers| {
-            if !managed.home() {
-                return;
-            }
-            let Sessions(keys) = managed.get();
-            let mut results = results_out.activate();
-            let mut late = late_out.activate();
-            input.for_each_stamp(|cap, data| {
-                let arrived = arrival_time(&cap);
-                for batch in data {
-                    for (record, time, diff) in batch.drain(..) {
-                        op.take(keys, record, time, diff, arrived, &cap);
+            move |frontiers| {
+                if !managed.home() {
+                    return;
+                }
+                let Sessions(keys) = managed.get();
+                let mut results = results_out.activate();
+                let mut late = late_out.activate();
+                input.for_each_stamp(|cap, data| {
+                    let arrived = arrival_time(&cap);
+                    for batch in data {
+                        for (record, time, diff) in batch.drain(..) {
+                            op.take(keys, record, time, diff, arrived, &cap);
+                        }
                     }
-                }
-                if !op.corrections.is_empty() {
-                    results.session(&cap).give_iterator(op.corrections.drain(..));
-                }
-                if !op.late.is_empty() {
-                    late.session(&cap).give_iterator(op.late.drain(..));
-                }
-            });
-            let watermark = watermark_of(&frontiers[0]);
-            op.fire(keys, watermark, &mut results);
-            managed.checkpoint(watermark, ());
-        }
-    });
+                    give_all(&mut results, &cap, &mut op.corrections);
+                    give_all(&mut late, &cap, &mut op.late);
+                });
+                let watermark = watermark_of(&frontiers[0]);
+                op.fire(keys, watermark, &mut results);
+                managed.checkpoint(watermark, ());
+            }
+        });
 
-    windowed
+        windowed
+    }
 }
 
 /// The session operator's work on a worker, step by step: records in
@@ -238,7 +219,7 @@ struct SessionOp<K, KF, A: Aggregate<D>, D> {
     updating: bool,
     counter: Counter,
     /// Keys by the time their next session completes or is released.
-    timers: BTreeMap<Timestamp, Vec<K>>,
+    timers: Timers<K>,
     hold: Hold,
     /// The watermark up to which sessions have fired.
     fired_upto: Timestamp,
@@ -286,9 +267,7 @@ where
             for session in state.sessions.iter().filter(|s| !s.fired) {
                 self.hold.restore(session.emit_at, initial);
             }
-            if state.timer != Timestamp::MAX {
-                self.timers.entry(state.timer).or_default().push(k.clone());
-            }
+            self.timers.restore(state.timer, k.clone());
             keys.insert(k, state);
         });
     }
@@ -352,12 +331,7 @@ where
                 records.remove(j);
             }
         }
-        if let Some((window, value)) = old.emitted.take() {
-            self.corrections.push((WindowResult { window, key: k.clone(), value }, window.end, -1));
-        }
-        if !old.fired {
-            self.hold.remove(old.emit_at);
-        }
+        self.retire(k, &mut old);
         records.sort_by_key(|r| r.0);
         let mut rest = records.into_iter().peekable();
         while let Some(first) = rest.next() {
@@ -406,19 +380,16 @@ where
         let mut acc = self.agg.init();
         self.agg.update(&mut acc, &record, diff);
         let mut records = Vec::new();
-        self.retired.extend(state.sessions.drain(first..last));
-        for mut old in self.retired.drain(..) {
-            self.agg.merge(&mut acc, old.acc);
+        let mut retired = std::mem::take(&mut self.retired);
+        retired.extend(state.sessions.drain(first..last));
+        for mut old in retired.drain(..) {
+            self.retire(k, &mut old);
             if let Some(mut held) = old.records.take() {
                 records.append(&mut held);
             }
-            if let Some((window, value)) = old.emitted {
-                self.corrections.push((WindowResult { window, key: k.clone(), value }, window.end, -1));
-            }
-            if !old.fired {
-                self.hold.remove(old.emit_at);
-            }
+            self.agg.merge(&mut acc, old.acc);
         }
+        self.retired = retired;
         if self.updating {
             records.push((time, record, diff));
         }
@@ -427,6 +398,17 @@ where
         let session = Sess { window: merged, acc, emitted: None, emit_at: Timestamp::MAX, fired, records };
         let session = self.place(state, k, session, arrived, cap);
         state.sessions.insert(first, session);
+    }
+
+    /// A session merged into another or split: its result is retracted, and
+    /// if it had not fired, its promise withdrawn.
+    fn retire(&mut self, k: &K, old: &mut SessOf<A, D>) {
+        if let Some((window, value)) = old.emitted.take() {
+            self.corrections.push((WindowResult { window, key: k.clone(), value }, window.end, -1));
+        }
+        if !old.fired {
+            self.hold.remove(old.emit_at);
+        }
     }
 
     /// A new session (merged, or a piece of a split one): complete already,
@@ -453,10 +435,7 @@ where
             self.hold.insert(session.emit_at, cap);
             complete_at(&window)
         };
-        if next < state.timer {
-            state.timer = next;
-            self.timers.entry(next).or_default().push(k.clone());
-        }
+        self.timers.bring_forward(&mut state.timer, next, k);
         session
     }
 
@@ -473,11 +452,7 @@ where
         }
         self.fired_upto = watermark;
         let lateness = self.lateness;
-        while let Some(entry) = self.timers.first_entry() {
-            if *entry.key() > watermark {
-                break;
-            }
-            let (time, due) = entry.remove_entry();
+        while let Some((time, due)) = self.timers.pop_due(watermark) {
             for k in due {
                 let Some(state) = keys.get_mut(&k) else {
                     continue;
@@ -510,7 +485,7 @@ where
                     keys.remove(&k);
                 } else {
                     state.timer = next;
-                    self.timers.entry(next).or_default().push(k);
+                    self.timers.schedule(next, k);
                 }
             }
         }

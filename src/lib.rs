@@ -18,6 +18,7 @@ pub mod cluster;
 pub mod dead_letter;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod job;
 pub mod nexmark;
 pub mod sink;
 pub mod source;
@@ -27,6 +28,7 @@ pub use highwater_operators as operators;
 /// operators crate's [`highwater_operators::time`]).
 pub use highwater_operators::time;
 pub use highwater_operators::{EventStream, Timestamp};
+pub use job::{Job, JobError, JobReport};
 
 /// The names most programs use.
 pub mod prelude {

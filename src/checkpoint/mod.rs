@@ -97,6 +97,24 @@ impl CheckpointConfig {
     pub fn new(location: impl Into<String>) -> Self {
         CheckpointConfig { location: location.into(), interval: Duration::from_secs(1), keep: 3, recover: false }
     }
+
+    /// Resumes from the latest complete checkpoint at start, if there is one.
+    pub fn recovering(mut self) -> Self {
+        self.recover = true;
+        self
+    }
+
+    /// A checkpoint every `interval` of processing time.
+    pub fn every(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// Keeps the latest `keep` complete checkpoints.
+    pub fn keeping(mut self, keep: usize) -> Self {
+        self.keep = keep;
+        self
+    }
 }
 
 /// What can go wrong with checkpoints.

@@ -15,6 +15,7 @@ use timely::dataflow::ProbeHandle;
 use super::progress::{summary, Gauges, Progress};
 use crate::checkpoint::{CheckpointConfig, Checkpoints};
 use crate::dead_letter::DeadLetter;
+use crate::job::{Job, JobError};
 use crate::nexmark::queries::{q10_partition, QueryKind};
 use crate::nexmark::{
     build, Event, Generator, GeneratorConfig, GeneratorSource, NexmarkDecoder, Query, QueryOptions, QueryOutput,
@@ -24,7 +25,7 @@ use crate::sink::{
     write, write_json_lines, write_lines, write_parts, write_postgres, LineTarget, PartFiles, PartFormat, Placement,
     PostgresCommitter, PostgresSinkConfig, Sink, SinkError, SinkHandle, SinkMode,
 };
-use crate::source::{read, JsonLines, MemorySource, SourceMetrics, SourceOptions, SourceStreams};
+use crate::source::{read, JsonLines, MemorySource, SourceMetrics, SourceOptions, SourceStreams, DEFAULT_BLOCK_SIZE};
 use crate::time::{Millis, WatermarkStrategy};
 
 /// Arguments of `highwater nexmark`.
@@ -74,6 +75,10 @@ pub(super) struct NexmarkArgs {
     /// Write records that fail to parse here, as JSON Lines.
     #[arg(long)]
     dead_letters: Option<PathBuf>,
+    /// Input files are split into blocks of this many bytes, each a
+    /// partition that one worker reads.
+    #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE)]
+    block_size: u64,
     /// Records per source read (the watermark advances between reads).
     #[arg(long, default_value_t = 4096)]
     batch_size: usize,
@@ -285,6 +290,51 @@ impl PostgresOutput {
     }
 }
 
+/// Before the workers of a checkpointed run start: recovers the sinks
+/// (committing the restored checkpoint's output, discarding newer parts; also
+/// when that checkpoint is the final one and no worker will run), and checks
+/// that the query's dataflow, built once on no input, is checkpointable and
+/// the one a restored checkpoint was taken by.
+fn verify(
+    ck: &Checkpoints,
+    query: Query,
+    options: &QueryOptions,
+    source_only: bool,
+    postgres: Option<PostgresOutput>,
+    output_dir: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    if let Some(postgres) = postgres {
+        // Before the workers start (an error while they build the dataflow
+        // would leave the others waiting): check the settings, connect,
+        // create the tables, and recover the sink. Worker 0 registers the
+        // sink again, a no-op for the database.
+        let config = postgres.config(query_header(query));
+        let committer = PostgresCommitter::connect("Output", &config).context("--output-postgres")?;
+        ck.register_sink("Output", 0, Arc::new(committer)).context("--output-postgres")?;
+    }
+    if let Some(dir) = output_dir {
+        ck.register_sink("Output", 0, Arc::new(PartFiles::new(dir))).context("--output-dir")?;
+    }
+    let options = options.clone();
+    let (probe, built) = crate::checkpoint::probe(|config| {
+        timely::execute(config, move |worker| {
+            worker.dataflow::<Timestamp, _, _>(|scope| {
+                let nothing = Arc::new(MemorySource::<Event>::new(Vec::new()));
+                let metrics = SourceMetrics::default();
+                if let Ok(streams) = read(scope, nothing, Event::time, SourceOptions::default(), &metrics, None) {
+                    if !source_only {
+                        build(query, &streams.events, &options);
+                    }
+                }
+            })
+        })
+        .map(drop)
+    });
+    built.map_err(|e| anyhow::anyhow!("building query {query} to check it: {e}"))?;
+    ck.check_dataflow(&probe).with_context(|| format!("query {query} with --checkpoint-dir"))?;
+    Ok(())
+}
+
 /// The column names of `query`'s output (built over no events).
 fn query_header(query: Query) -> &'static [&'static str] {
     timely::execute_directly(move |worker| {
@@ -296,52 +346,35 @@ fn query_header(query: Query) -> &'static [&'static str] {
 }
 
 pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
-    let mut config = crate::cluster::config_from_args(&args.timely)?;
-    let checkpoints = match &args.checkpoint_dir {
-        Some(location) => {
-            let membership = crate::cluster::checkpoint_membership(&config, args.checkpoint_coordinator.as_deref())
-                .context("--checkpoint-coordinator")?;
-            // Sinks write on worker 0, in process 0, which commits them.
-            let process = membership.as_ref().map_or(0, |m| m.process);
-            let checkpoint_config = CheckpointConfig {
-                location: location.clone(),
-                interval: Duration::from_millis(args.checkpoint_interval.0.max(1)),
-                keep: args.checkpoints_kept,
-                recover: args.recover,
-            };
-            let checkpoints = match membership {
-                Some(membership) => Checkpoints::open_member(checkpoint_config, membership),
-                None => Checkpoints::open(checkpoint_config, crate::cluster::threads(&config)),
-            }
-            .with_context(|| format!("opening the checkpoints in {location}"))?;
-            if let Some(postgres) = PostgresOutput::from_args(&args).filter(|_| process == 0) {
-                // Before the workers start (an error while they build the
-                // dataflow would leave the others waiting): check the settings,
-                // connect, create the tables, and recover the sink (commit the
-                // restored checkpoint's part, discard newer ones), also when
-                // that checkpoint is the final one and no worker will run.
-                // Worker 0 registers the sink again, a no-op for the database.
-                let config = postgres.config(query_header(args.query));
-                let committer = PostgresCommitter::connect("Output", &config).context("--output-postgres")?;
-                checkpoints.register_sink("Output", 0, Arc::new(committer)).context("--output-postgres")?;
-            }
-            if let Some(dir) = args.output_dir.as_ref().filter(|_| process == 0) {
-                // Likewise for the part files: recovered before the workers start.
-                let committer = Arc::new(PartFiles::new(dir.clone()));
-                checkpoints.register_sink("Output", 0, committer).context("--output-dir")?;
-            }
-            Some(checkpoints)
+    let config = crate::cluster::config_from_args(&args.timely)?;
+    let checkpointed = args.checkpoint_dir.is_some();
+    let mut job = Job::new(config.clone());
+    if let Some(location) = &args.checkpoint_dir {
+        let mut checkpoints = CheckpointConfig::new(location.clone())
+            .every(Duration::from_millis(args.checkpoint_interval.0.max(1)))
+            .keeping(args.checkpoints_kept);
+        if args.recover {
+            checkpoints = checkpoints.recovering();
         }
-        None => None,
+        job = job.checkpointed(checkpoints);
+        if let Some(coordinator) = &args.checkpoint_coordinator {
+            job = job.coordinator(coordinator.clone());
+        }
+    }
+    // Sinks write on worker 0, in process 0, which commits them.
+    let process = match &config.communication {
+        timely::CommunicationConfig::Cluster { process, .. } => *process,
+        _ => 0,
     };
     let input = if !args.input.is_empty() {
         let source = if args.input.len() == 1 && args.input[0].as_os_str() == "-" {
-            if checkpoints.is_some() {
+            if checkpointed {
                 bail!("--checkpoint-dir: stdin cannot be rewound; give the events as files (--input FILE...)");
             }
             JsonLines::stdin(NexmarkDecoder)
         } else {
-            JsonLines::files(&args.input, NexmarkDecoder).context("opening the input")?
+            JsonLines::files_with_block_size(&args.input, NexmarkDecoder, args.block_size)
+                .context("opening the input")?
         };
         Input::Files(Arc::new(source))
     } else if let Some(events) = args.events {
@@ -351,7 +384,7 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
             rate: args.rate,
             max_out_of_order_ms: args.max_out_of_order.0,
             real_time: args.real_time,
-            partitions: args.partitions.unwrap_or(if checkpoints.is_some() { 4 } else { 0 }),
+            partitions: args.partitions.unwrap_or(if checkpointed { 4 } else { 0 }),
             ..Default::default()
         })?;
         Input::Generator(Arc::new(generator))
@@ -361,35 +394,16 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     let input = Arc::new(input);
     let side_input = args.side_input.as_ref().map(read_side_input).transpose()?.map(Arc::new);
     let query_options = QueryOptions { allowed_lateness: args.allowed_lateness.0, side_input, blackhole: args.discard };
-    if let Some(ck) = checkpoints.as_ref() {
-        // Before the workers start: the query's dataflow, built once on no
-        // input, must be checkpointable and the one a restored checkpoint
-        // was taken by.
-        let (query, options, source_only) = (args.query, query_options.clone(), args.source_only);
-        let (probe, built) = crate::checkpoint::probe(|config| {
-            timely::execute(config, move |worker| {
-                worker.dataflow::<Timestamp, _, _>(|scope| {
-                    let nothing = Arc::new(MemorySource::<Event>::new(Vec::new()));
-                    let metrics = SourceMetrics::default();
-                    if let Ok(streams) = read(scope, nothing, Event::time, SourceOptions::default(), &metrics, None) {
-                        if !source_only {
-                            build(query, &streams.events, &options);
-                        }
-                    }
-                })
-            })
-            .map(drop)
-        });
-        built.map_err(|e| anyhow::anyhow!("building query {query} to check it: {e}"))?;
-        ck.check_dataflow(&probe).with_context(|| format!("query {query} with --checkpoint-dir"))?;
-        if let Some(m) = ck.restored().filter(|m| m.is_final()) {
-            eprintln!("checkpoint {} is the final one: the job has completed, nothing to do", m.id);
-            ck.finish()?;
-            return Ok(());
-        }
+    if checkpointed {
         if args.output_dir.is_none() && args.output_postgres.is_none() && !args.discard {
             tracing::warn!("--checkpoint-dir without --output-dir or --output-postgres: rows written since the last checkpoint are written again after a recovery");
         }
+        let (query, options, source_only) = (args.query, query_options.clone(), args.source_only);
+        let postgres = PostgresOutput::from_args(&args).filter(|_| process == 0);
+        let output_dir = args.output_dir.clone().filter(|_| process == 0);
+        job = job.verifying(move |ck| {
+            verify(ck, query, &options, source_only, postgres, output_dir).map_err(|e| format!("{e:#}"))
+        });
     }
     let source_options = SourceOptions {
         name: "Nexmark".into(),
@@ -417,12 +431,8 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     let source_only = args.source_only;
     let output_dir = args.output_dir.clone();
     let output_postgres = PostgresOutput::from_args(&args);
-    let (g, s, ck) = (gauges.clone(), Arc::clone(&sinks), checkpoints.clone());
-    let abort = checkpoints.as_ref().map(|c| c.startup_abort()).unwrap_or_default();
-    if let Some(c) = checkpoints.as_ref() {
-        c.configure(&mut config);
-    }
-    let guards = crate::cluster::execute_abortable(config, &abort, move |worker| -> anyhow::Result<()> {
+    let (g, s) = (gauges.clone(), Arc::clone(&sinks));
+    let report = job.run(move |worker| -> anyhow::Result<()> {
         let probe = ProbeHandle::new();
         worker.dataflow::<Timestamp, _, _>(|scope| -> anyhow::Result<()> {
             let streams = events(scope, &input, source_options.clone(), &g, &probe)?;
@@ -480,29 +490,18 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
             }
             Ok(())
         })?;
-        if let Some(ck) = ck.as_ref() {
-            ck.built(worker)?;
-        }
-        // A source that fails for good, or checkpoints that cannot be
-        // written, stop the job (not as an end of input).
-        let mut watched: Vec<&dyn crate::source::Failing> = vec![&g.source];
-        if let Some(c) = ck.as_ref() {
-            watched.push(c);
-        }
-        crate::source::run_until_failed(worker, &watched)?;
         Ok(())
-    })
-    .map_err(|e| anyhow::anyhow!("starting the workers: {e}"))?;
-    let joined = super::join_workers(guards);
+    });
     drop(progress);
-    if let Some(ck) = checkpoints.as_ref() {
-        let finished = ck.finish().context("checkpointing");
-        joined?;
-        if !finished? {
-            bail!("the job ended without writing its final checkpoint");
-        }
-    } else {
-        joined?;
+    let report = report.map_err(|e| match e {
+        JobError::Checkpoint(e) => anyhow::Error::new(e).context("checkpointing"),
+        JobError::Unfinished => anyhow::anyhow!("the job ended without writing its final checkpoint"),
+        e => anyhow::Error::new(e),
+    })?;
+    if report.already_complete {
+        let id = report.recovered_from.unwrap_or_default();
+        eprintln!("checkpoint {id} is the final one: the job has completed, nothing to do");
+        return Ok(());
     }
 
     let (row_sinks, dead_sinks) = sinks.lock().map(|s| s.clone()).unwrap_or_default();

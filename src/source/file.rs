@@ -341,4 +341,17 @@ impl<Dec: Decode> PartitionReader for JsonLinesReader<Dec> {
     fn offset(&self) -> Offset {
         self.buf_offset + self.pos as u64
     }
+
+    /// Drops the buffer (a block waiting for its turn holds no memory): the
+    /// file is read again from the first byte not consumed.
+    fn set_aside(&mut self) {
+        let ReaderInput::File(file) = &mut self.input else { return };
+        if self.eof || self.skip_first_line {
+            return;
+        }
+        let at = self.buf_offset + self.pos as u64;
+        if file.seek(SeekFrom::Start(at)).is_ok() {
+            (self.buf, self.pos, self.buf_offset) = (Vec::new(), 0, at);
+        }
+    }
 }

@@ -99,9 +99,11 @@ pub trait Source: Send + Sync + 'static {
     /// Opens partition `index`, after `from` if given.
     fn open(&self, index: usize, from: Option<Offset>) -> Result<Self::Reader, SourceError>;
 
-    /// How many partitions one worker reads at the same time. File blocks are
-    /// read one after another (1), so that a block not yet started does not
-    /// hold the watermark back; live partitions are read together.
+    /// How many partitions one worker reads at the same time; the others
+    /// wait, started (read up to their first record, see [`read`]). File
+    /// blocks are read one after another (1): the watermark then follows the
+    /// block being read, and the windows over the earlier blocks fire and are
+    /// forgotten while the later ones wait. Live partitions are read together.
     fn concurrent_partitions(&self) -> usize {
         usize::MAX
     }
@@ -128,4 +130,8 @@ pub trait PartitionReader: 'static {
     fn watermark_hint(&self) -> Option<highwater_operators::Timestamp> {
         None
     }
+    /// The partition will not be read for a while (it waits, started, for
+    /// its turn: see [`Source::concurrent_partitions`]): a reader may release
+    /// what it buffers, to read it again when its turn comes.
+    fn set_aside(&mut self) {}
 }

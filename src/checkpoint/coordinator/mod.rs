@@ -92,7 +92,37 @@ impl std::fmt::Debug for Wakers {
 
 /// The checkpointing of one job in this process; clones share it.
 #[derive(Clone, Debug)]
-pub struct Checkpoints(Arc<Inner>);
+pub struct Checkpoints(Arc<Handle>);
+
+/// What every clone of a [`Checkpoints`] shares (the checkpointing's threads
+/// hold the [`Inner`] alone): when the last clone goes without
+/// [`Checkpoints::finish`] having been called, the checkpoints are finished
+/// then, so that the threads writing them stop before the process exits and
+/// the final checkpoint is not lost, and the omission is logged.
+#[derive(Debug)]
+struct Handle(Arc<Inner>);
+
+impl std::ops::Deref for Handle {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        if !self.0.stop.load(Ordering::Relaxed) {
+            crate::job::report_misuse(
+                "the job's checkpoints were dropped without Checkpoints::finish(): finishing them now \
+                 (call finish() once the workers have ended to know whether the final checkpoint was written, \
+                 or run the job with highwater::Job)",
+            );
+            if let Err(e) = self.0.finish() {
+                crate::job::report_misuse(&format!("checkpointing: {e}"));
+            }
+        }
+    }
+}
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -188,7 +218,7 @@ impl Checkpoints {
             threads.push(spawn("highwater-checkpoint-timer".into(), "the checkpoint timer", run)?);
         }
         inner.threads.lock().unwrap_or_else(|p| p.into_inner()).extend(threads);
-        Ok(Checkpoints(inner))
+        Ok(Checkpoints(Arc::new(Handle(inner))))
     }
 
     /// The signal that gives up the processes' connection when a process is
@@ -407,21 +437,33 @@ impl Checkpoints {
     /// and reports whether the job's final checkpoint was written (or the
     /// first error). Call after the workers have finished.
     pub fn finish(&self) -> Result<bool, CheckpointError> {
-        self.0.stop.store(true, Ordering::Relaxed);
-        drop(self.0.work.lock().unwrap_or_else(|p| p.into_inner()).take());
-        let threads: Vec<_> = self.0.threads.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
+        self.0.finish()
+    }
+
+    /// Whether `worker` (its index in the job) has declared its dataflows
+    /// built ([`built`](Self::built)); once checkpointing has moved past
+    /// building, or failed, every worker counts as built.
+    pub fn is_built(&self, worker: usize) -> bool {
+        lock(&self.0.state).phase.is_built(worker)
+    }
+}
+
+impl Inner {
+    /// See [`Checkpoints::finish`].
+    fn finish(&self) -> Result<bool, CheckpointError> {
+        self.stop.store(true, Ordering::Relaxed);
+        drop(self.work.lock().unwrap_or_else(|p| p.into_inner()).take());
+        let threads: Vec<_> = self.threads.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
         for t in threads {
             let _ = t.join();
         }
-        let state = lock(&self.0.state);
+        let state = lock(&self.state);
         match &state.phase {
             Phase::Failed(error) => Err(CheckpointError::Failed(error.clone())),
             phase => Ok(matches!(phase, Phase::Finished)),
         }
     }
-}
 
-impl Inner {
     /// Takes the state through `transition` and carries out what it asks;
     /// an error fails the checkpointing and is returned.
     fn step(

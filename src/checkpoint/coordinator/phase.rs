@@ -273,6 +273,15 @@ impl Phase {
         matches!(self, Phase::Final(_) | Phase::Finished | Phase::Failed(_))
     }
 
+    /// Whether `worker` has built its dataflows (every worker has, once the
+    /// phase is past building).
+    pub(super) fn is_built(&self, worker: usize) -> bool {
+        match self {
+            Phase::Building { built, .. } => built.contains(&worker),
+            _ => true,
+        }
+    }
+
     /// Whether some of this process's workers have not built their dataflows yet.
     pub(super) fn workers_building(&self, workers: usize) -> bool {
         matches!(self, Phase::Building { built, .. } if built.len() < workers)

@@ -75,6 +75,11 @@ impl<R: PartitionReader> SourceCuts<R> {
         self.ended.extend(done);
     }
 
+    /// Whether `worker` has declared its dataflows built.
+    pub(super) fn is_built(&self, worker: usize) -> bool {
+        self.checkpoints.is_built(worker)
+    }
+
     /// Fails the job's checkpointing: a partition failed for good.
     pub(super) fn fail_job(&self, error: &str) {
         self.checkpoints.fail_job(format!("source {error}"));

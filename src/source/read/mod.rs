@@ -31,7 +31,7 @@ use timely::dataflow::operators::generic::{OutputBuilder, OutputBuilderSession};
 use timely::dataflow::operators::Capability;
 use timely::dataflow::{ProbeHandle, Scope};
 
-use super::{Source, SourceError};
+use super::{PartitionReader, Source, SourceError};
 use crate::checkpoint::Checkpoints;
 use crate::dead_letter::DeadLetter;
 use crate::time::PartitionWatermark;
@@ -53,16 +53,38 @@ pub struct SourceStreams<'scope, T: 'static> {
 /// `max_in_flight / AHEAD_OF_CUT` records (they wait at the gates).
 const AHEAD_OF_CUT: usize = 4;
 
+/// How many reads a worker spends per activation on starting a waiting
+/// partition (one record at a time, until its first record).
+const STARTING_READS: usize = 64;
+
 /// Reads `source` into the dataflow.
 ///
-/// Partition `i` is read by worker `i % peers`; each worker reads at most
-/// [`Source::concurrent_partitions`] of its partitions at a time. A batch of
-/// records goes out at the partition's watermark (or the operator's, if
-/// higher), so a record whose event time is below that time was late where it
-/// was read; lateness is thereby judged per partition, independently of how
-/// partitions are spread over workers. The operator's capability follows the
-/// minimum watermark of its active partitions and is dropped when all are
-/// exhausted, which lets every window fire.
+/// Partition `i` is read by worker `i % peers`, [`SourceOptions::batch_size`]
+/// records at a time. If the source's partitions take turns (each worker
+/// reads at most [`Source::concurrent_partitions`] of its partitions at a
+/// time, as for a file's blocks), the worker starts the others at once: it
+/// reads every partition one record at a time until its first record (which
+/// sets the partition's watermark), then in batches. A batch of records goes
+/// out at its partition's watermark before the batch, so a record whose event
+/// time is below that time was late where it was read.
+/// The operator's capability follows the minimum watermark of the worker's
+/// partitions not yet exhausted (those waiting to be read included) and is
+/// dropped when all are exhausted, which lets every window fire.
+///
+/// # Determinism
+/// The time every record and dead letter goes out at, and so which records
+/// are late here and in every operator downstream, depends only on its
+/// partition's records and on `options` (the watermark strategy and the
+/// batch size): not on the number of workers or processes, on how the
+/// partitions are spread over them, on the order they are read in, or on a
+/// recovery onto another layout. A job whose operators are deterministic
+/// (all of highwater's, except processing-time triggers) therefore gives the
+/// same results, late outputs and dead letters on any layout. Two things
+/// depend on timing and are left out of this promise: partitions that go idle
+/// ([`SourceOptions::idle_timeout`]; while all of a worker's partitions are
+/// idle, its capability follows the other workers, and a partition that wakes
+/// up sends at that time), and live sources, whose batches hold what had
+/// arrived when they were read.
 ///
 /// With a `probe` on the dataflow's outputs, the source pauses while more than
 /// `max_in_flight` of its records have not passed the probe, as long as the
@@ -144,6 +166,8 @@ where
         queue,
         open: Vec::new(),
         cuts,
+        failures: crate::job::Failures::of(&scope),
+        checked_built: false,
         updates: Vec::new(),
         dead_letters: Vec::new(),
         highest: 0,
@@ -164,6 +188,7 @@ where
         move |_frontiers| {
             let (Some(held), Some(held_dead)) = (cap.as_mut(), dead_cap.as_mut()) else { return };
             let now = Instant::now();
+            reading.check_built();
             reading.open_partitions(now);
             let any_data =
                 reading.read_partitions(held, held_dead, &mut events_out.activate(), &mut dead_out.activate(), now);
@@ -197,6 +222,14 @@ where
     Ok(SourceStreams { events: EventStream::append_only(events), dead_letters: EventStream::append_only(dead) })
 }
 
+/// The time `partition`'s next batch goes out at: its watermark, which the
+/// capability (`held`) does not pass while the partition is read, except when
+/// every partition of the worker was idle and the capability followed the
+/// other workers (a partition that wakes up then sends at the capability).
+fn emit_time<R>(held: &Capability<Timestamp>, partition: &Partition<R>) -> Timestamp {
+    (*held.time()).max(partition.watermark.current())
+}
+
 /// An output of the source operator during an activation.
 type Active<'a, T> = OutputBuilderSession<'a, Timestamp, CapacityContainerBuilder<Vec<Update<T>>>>;
 
@@ -215,6 +248,11 @@ struct Reading<S: Source, TF> {
     credit: Credit,
     /// With checkpoints.
     cuts: Option<SourceCuts<S::Reader>>,
+    /// The failures of the job, if it runs as a [`crate::Job`].
+    failures: Option<crate::job::Failures>,
+    /// Whether the first activation checked that the worker's dataflows were
+    /// declared built.
+    checked_built: bool,
     /// Buffers for a read call's records and dead letters.
     updates: Vec<Update<S::Record>>,
     dead_letters: Vec<DeadLetter>,
@@ -227,6 +265,37 @@ where
     S: Source,
     TF: Fn(&S::Record) -> Timestamp + 'static,
 {
+    /// Fails the source and the job: its checkpointing, its [`crate::Job`]
+    /// and its metrics learn of `error`.
+    fn fail(&mut self, error: String) {
+        if let Some(cuts) = self.cuts.as_ref() {
+            cuts.fail_job(&error);
+        }
+        if let Some(failures) = self.failures.as_ref() {
+            failures.report(format!("source {error}"));
+        }
+        self.metrics.fail(error);
+    }
+
+    /// At the first activation of a checkpointed source: the worker runs its
+    /// dataflows, so they must have been declared built. If not, checkpoints
+    /// would never begin, and the job would wait for its final one forever:
+    /// it fails instead, saying what to call.
+    fn check_built(&mut self) {
+        if std::mem::replace(&mut self.checked_built, true) {
+            return;
+        }
+        if self.cuts.as_ref().is_some_and(|cuts| !cuts.is_built(self.index)) {
+            let error = format!(
+                "{}: worker {} runs its dataflows, but Checkpoints::built was not called for it: call it once \
+                 the worker's dataflows are built, before they run (or run the job with highwater::Job)",
+                self.options.name, self.index
+            );
+            crate::job::report_misuse(&error);
+            self.fail(error);
+        }
+    }
+
     /// Opens queued partitions up to the number read at a time.
     fn open_partitions(&mut self, now: Instant) {
         while self.open.len() < self.concurrent {
@@ -236,10 +305,19 @@ where
         }
     }
 
-    /// Reads a batch from every open partition that may be read (credit
-    /// left, or behind a pending cut), sends it at the partition's watermark
-    /// (or the capability's time `held`, if higher), and puts exhausted
-    /// partitions aside. Returns whether any partition gave data.
+    /// Reads a batch from every partition that may be read now, sends it at
+    /// the partition's own watermark, and puts exhausted partitions aside.
+    /// Returns whether any partition gave data.
+    ///
+    /// An open partition reads while there is credit, or while it is behind a
+    /// pending cut. A queued one (not yet open: the worker reads
+    /// [`Source::concurrent_partitions`] at a time) reads only until it has
+    /// seen its first record, or while it is behind a pending cut: the
+    /// capability stays at or below every unfinished partition's watermark
+    /// ([`advance`](Self::advance)), queued ones included, so that each
+    /// batch can go out at its own partition's watermark, whichever worker
+    /// reads it and whenever; starting every partition at once keeps a block
+    /// not yet started from holding the watermark at its beginning.
     fn read_partitions(
         &mut self,
         held: &Capability<Timestamp>,
@@ -258,75 +336,99 @@ where
         let may_read_ahead = may_read
             && pending
                 .is_none_or(|time| self.credit.below_at_or_after(time, self.options.max_in_flight / AHEAD_OF_CUT));
-        if !may_read_ahead && pending.is_none_or(|time| time <= *held.time()) {
-            return false;
-        }
+        let behind = |p: &Partition<S::Reader>| pending.is_some_and(|time| emit_time(held, p) < time);
         let mut any_data = false;
-        for partition in self.open.iter_mut() {
-            if !partition.readable(now) {
-                continue;
+        let mut queue = std::mem::take(&mut self.queue);
+        for partition in queue.iter_mut() {
+            let mut reads = 0;
+            while reads < STARTING_READS && partition.readable(now) && !partition.started() {
+                any_data |= self.read_batch(partition, held, held_dead, events, dead, now);
+                reads += 1;
             }
-            let behind = pending.is_some_and(|time| (*held.time()).max(partition.watermark.current()) < time);
-            if !behind && !may_read_ahead {
-                continue;
+            if reads == 0 && partition.readable(now) && !partition.done && behind(partition) {
+                any_data |= self.read_batch(partition, held, held_dead, events, dead, now);
+                reads += 1;
             }
-            // The batch goes out at the partition's watermark before it.
-            let emit_at = (*held.time()).max(partition.watermark.current());
-            // With checkpoints: where the partition stood before this batch.
-            let before = self.cuts.is_some().then(|| partition.mark(emit_at));
-            let batch = partition.read_batch(
-                &self.options,
-                now,
-                emit_at,
-                &self.time_of,
-                &mut self.updates,
-                &mut self.dead_letters,
-            );
-            if let Some(error) = batch.failure {
-                // The job's checkpointing fails before any final checkpoint
-                // or sink commit, and the program learns of it through the
-                // metrics (see `read`).
-                tracing::error!(source = %self.options.name, partition = partition.index, "source failed: {error}");
-                if let Some(cuts) = self.cuts.as_ref() {
-                    cuts.fail_job(&error);
-                }
-                self.metrics.fail(error);
-            }
-            if !self.updates.is_empty() || !self.dead_letters.is_empty() {
-                any_data = true;
-                partition.got_data(now);
-                if let (Some(cuts), Some(before)) = (self.cuts.as_mut(), before) {
-                    // The next cut lies above every time emitted at, and the
-                    // partition's position before this time is on record.
-                    cuts.emitted(partition, before, emit_at);
-                }
-                let n = self.updates.len();
-                if n > 0 {
-                    partition.watermark.observe(batch.max_time);
-                    self.metrics.records.add(n as u64);
-                    self.metrics.late.add(batch.late);
-                    self.metrics.max_event_time.fetch_max(batch.max_time, Ordering::Relaxed);
-                    let at = held.delayed(&emit_at);
-                    events.session(&at).give_container(&mut self.updates);
-                    self.updates.clear();
-                    self.credit.sent(emit_at, n);
-                }
-                if !self.dead_letters.is_empty() {
-                    self.metrics.dead_letters.add(self.dead_letters.len() as u64);
-                    let dead_at = held_dead.delayed(&emit_at);
-                    let mut session = dead.session(&dead_at);
-                    session.give_iterator(self.dead_letters.drain(..).map(|d| (d, emit_at, 1)));
-                }
-            }
-            partition.settle(batch.status, now);
-            if partition.done {
-                self.highest = self.highest.max(partition.watermark.current());
+            if reads > 0 {
+                partition.reader.set_aside();
             }
         }
-        let (done, active): (Vec<_>, Vec<_>) = self.open.drain(..).partition(|p| p.done);
-        self.open = active;
+        let mut open = std::mem::take(&mut self.open);
+        if may_read_ahead || pending.is_some_and(|time| time > *held.time()) {
+            for partition in open.iter_mut() {
+                if partition.readable(now) && (may_read_ahead || behind(partition)) {
+                    any_data |= self.read_batch(partition, held, held_dead, events, dead, now);
+                }
+            }
+        }
+        let (done, active): (Vec<_>, Vec<_>) = open.into_iter().partition(|p| p.done);
+        let (done_queued, queued): (VecDeque<_>, VecDeque<_>) = queue.into_iter().partition(|p| p.done);
+        (self.open, self.queue) = (active, queued);
         if let Some(cuts) = self.cuts.as_mut() {
-            cuts.ended(done);
+            cuts.ended(done.into_iter().chain(done_queued));
+        }
+        any_data
+    }
+
+    /// Reads one batch of `partition` and sends it at the partition's
+    /// watermark before it; returns whether it gave data.
+    fn read_batch(
+        &mut self,
+        partition: &mut Partition<S::Reader>,
+        held: &Capability<Timestamp>,
+        held_dead: &Capability<Timestamp>,
+        events: &mut Active<'_, S::Record>,
+        dead: &mut Active<'_, DeadLetter>,
+        now: Instant,
+    ) -> bool {
+        let emit_at = emit_time(held, partition);
+        // With checkpoints: where the partition stood before this batch.
+        let before = self.cuts.is_some().then(|| partition.mark(emit_at));
+        let batch = partition.read_batch(
+            &self.options,
+            now,
+            emit_at,
+            self.concurrent < usize::MAX,
+            &self.time_of,
+            &mut self.updates,
+            &mut self.dead_letters,
+        );
+        if let Some(error) = batch.failure {
+            // The job's checkpointing fails before any final checkpoint or
+            // sink commit, and the program learns of it through the metrics
+            // (see `read`).
+            tracing::error!(source = %self.options.name, partition = partition.index, "source failed: {error}");
+            self.fail(error);
+        }
+        let any_data = !self.updates.is_empty() || !self.dead_letters.is_empty();
+        if any_data {
+            partition.got_data(now);
+            if let (Some(cuts), Some(before)) = (self.cuts.as_mut(), before) {
+                // The next cut lies above every time emitted at, and the
+                // partition's position before this time is on record.
+                cuts.emitted(partition, before, emit_at);
+            }
+            let n = self.updates.len();
+            if n > 0 {
+                partition.watermark.observe(batch.max_time);
+                self.metrics.records.add(n as u64);
+                self.metrics.late.add(batch.late);
+                self.metrics.max_event_time.fetch_max(batch.max_time, Ordering::Relaxed);
+                let at = held.delayed(&emit_at);
+                events.session(&at).give_container(&mut self.updates);
+                self.updates.clear();
+                self.credit.sent(emit_at, n);
+            }
+            if !self.dead_letters.is_empty() {
+                self.metrics.dead_letters.add(self.dead_letters.len() as u64);
+                let dead_at = held_dead.delayed(&emit_at);
+                let mut session = dead.session(&dead_at);
+                session.give_iterator(self.dead_letters.drain(..).map(|d| (d, emit_at, 1)));
+            }
+        }
+        partition.settle(batch.status, now);
+        if partition.done {
+            self.highest = self.highest.max(partition.watermark.current());
         }
         any_data
     }
@@ -343,10 +445,12 @@ where
     /// (or, if all are idle, where the board says), and reports the cuts the
     /// capability has passed.
     fn advance(&mut self, held: &mut Capability<Timestamp>, held_dead: &mut Capability<Timestamp>) {
-        for p in self.open.iter() {
+        for p in self.open.iter().chain(self.queue.iter()) {
             self.highest = self.highest.max(p.watermark.current());
         }
-        let local = self.open.iter().filter(|p| !p.idle).map(|p| p.watermark.current()).min();
+        // Queued partitions hold it too: their batches go out at their own
+        // watermarks once they are read.
+        let local = self.open.iter().chain(self.queue.iter()).filter(|p| !p.idle).map(|p| p.watermark.current()).min();
         self.options.board.post(self.index, local.map_or(Posted::Resting(self.highest), Posted::Active));
         // All partitions idle: they do not hold the watermark back. It follows
         // the workers still reading (or, if none is, the highest any reached);

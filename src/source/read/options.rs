@@ -16,7 +16,11 @@ pub struct SourceOptions {
     pub watermark: WatermarkStrategy,
     /// A partition with no records for this long stops holding the watermark.
     pub idle_timeout: Option<Duration>,
-    /// Records per read call; the partition's watermark advances between calls.
+    /// Records per read call (for partitions that take turns, once a
+    /// partition has read its first record; see [`read`]). The partition's watermark
+    /// advances between calls, and a call's records go out at the watermark
+    /// before it: a file small enough for one call shows no late records;
+    /// `1` judges every record against the ones before it.
     pub batch_size: usize,
     /// Records read but not yet past the probe (the sinks' frontier) above which
     /// the source pauses; see [`read`].

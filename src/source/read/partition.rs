@@ -101,21 +101,32 @@ impl<R: PartitionReader> Partition<R> {
         }
     }
 
+    /// Whether the partition has seen a record (or ended, or failed): its
+    /// watermark no longer stands at its start.
+    pub(super) fn started(&self) -> bool {
+        self.watermark.max_seen().is_some() || self.done || self.failed
+    }
+
     /// Whether the partition may be read now: it has not failed and is not
     /// waiting to retry.
     pub(super) fn readable(&self, now: Instant) -> bool {
         !self.failed && self.retry_at.is_none_or(|at| at <= now)
     }
 
-    /// Reads up to `options.batch_size` records into `updates` (stamped with
+    /// Reads up to `options.batch_size` records (with `start_small`, for a
+    /// source whose partitions take turns, a single one until the partition
+    /// has [`started`](Self::started): all it takes to know its watermark)
+    /// into `updates` (stamped with
     /// `time_of`, counted late below `emit_at`) and `dead`. An error that may
     /// go away schedules a retry (see [`super::RetryPolicy`]); any other, or
     /// the last retry's, fails the partition for good ([`Batch::failure`]).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn read_batch<D>(
         &mut self,
         options: &SourceOptions,
         now: Instant,
         emit_at: Timestamp,
+        start_small: bool,
         time_of: impl Fn(&D) -> Timestamp,
         updates: &mut Vec<Update<D>>,
         dead: &mut Vec<DeadLetter>,
@@ -130,7 +141,8 @@ impl<R: PartitionReader> Partition<R> {
             late += u64::from(time < emit_at);
             updates.push((record, time, 1));
         };
-        let status = match self.reader.read(options.batch_size, &mut take, dead) {
+        let max = if self.started() || !start_small { options.batch_size } else { 1 };
+        let status = match self.reader.read(max, &mut take, dead) {
             Ok(status) => {
                 self.retries = 0;
                 self.retry_at = None;

@@ -1,0 +1,299 @@
+//! Running a job in one call: its workers on the layout timely's `-w -n -p
+//! -h` describe, checkpointed if asked, until its sources end or it fails.
+//!
+//! [`Job::run`] does what a checkpointed program otherwise writes out in a
+//! fixed order: it opens the checkpoints (as the job's coordinator on process
+//! 0, as a member on the others), configures the timely computation with
+//! them, connects the processes, builds every worker's dataflows with the
+//! program's closure, declares them built, steps the workers until their
+//! sources end or something fails for good (a source, a checkpoint), and
+//! waits for the final checkpoint and the sinks' commit. The same path runs
+//! jobs without checkpoints: their sources' failures stop them too.
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use highwater::checkpoint::CheckpointConfig;
+//! use highwater::prelude::*;
+//! use highwater::Job;
+//!
+//! let dir = std::env::temp_dir().join(format!("highwater-job-doc-{}", std::process::id()));
+//! let counts = Collected::default();
+//! let sink = counts.clone();
+//! let report = Job::new(timely::Config::process(2))
+//!     .checkpointed(CheckpointConfig::new(dir.display().to_string()).recovering())
+//!     .run(move |worker| {
+//!         let sink = sink.clone();
+//!         worker.dataflow(|scope| {
+//!             let clicks = vec![vec![(1u32, 1_000u64), (2, 2_500)], vec![(1, 3_000), (1, 12_000)]];
+//!             let source = Arc::new(MemorySource::new(clicks));
+//!             let clicks = read(scope, source, |c: &(u32, u64)| c.1, SourceOptions::default(), &SourceMetrics::default(), None)?;
+//!             let per_user = clicks.events.window(Tumbling::of(10.secs())).key_by(|c: &(u32, u64)| c.0).aggregate(Count);
+//!             collect(&per_user.results, &sink);
+//!             Ok::<_, highwater::source::SourceError>(())
+//!         })
+//!     })
+//!     .unwrap();
+//! assert!(report.final_checkpoint);
+//! let mut rows: Vec<_> = counts.rows().into_iter().map(|r| (r.window.start, r.key, r.value)).collect();
+//! rows.sort();
+//! assert_eq!(rows, vec![(0, 1, 2), (0, 2, 1), (10_000, 1, 1)]);
+//! std::fs::remove_dir_all(&dir).unwrap();
+//! ```
+
+use std::sync::{Arc, Mutex};
+
+use crate::checkpoint::{CheckpointConfig, CheckpointError, Checkpoints};
+use crate::cluster::{checkpoint_membership, config_from_args, ClusterError, StartError};
+use crate::source::{run_until_failed, Failing};
+use highwater_operators::checkpoint::CheckpointId;
+
+/// Reports a misuse of the library's API: to the log, and on standard error
+/// too when the program has installed no `tracing` subscriber, so that it is
+/// never silent.
+pub(crate) fn report_misuse(message: &str) {
+    tracing::error!("{message}");
+    if !tracing::dispatcher::has_been_set() {
+        eprintln!("highwater: {message}");
+    }
+}
+
+/// The key under which a job's [`Failures`] sit in the timely worker
+/// configuration.
+const FAILURES_KEY: &str = "highwater::job::failures";
+
+/// The failures of a job's sources, shared by its workers: a source that
+/// fails for good reports here (as well as in its
+/// [`SourceMetrics`](crate::source::SourceMetrics)), and [`Job::run`] stops
+/// the workers then.
+#[derive(Clone, Debug, Default)]
+pub struct Failures(Arc<Mutex<Vec<String>>>);
+
+impl Failures {
+    /// Records a failure.
+    pub fn report(&self, failure: impl Into<String>) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(failure.into());
+    }
+
+    /// The failures of the job that `scope`'s computation runs, if it runs
+    /// as a [`Job`].
+    pub fn of(scope: &timely::dataflow::Scope<'_, crate::Timestamp>) -> Option<Failures> {
+        scope.worker().config().get::<Failures>(FAILURES_KEY).cloned()
+    }
+}
+
+impl Failing for Failures {
+    fn failure(&self) -> Option<String> {
+        let failures = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        (!failures.is_empty()).then(|| failures.join("; "))
+    }
+}
+
+/// Why a job did not run to its end.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    /// The layout's arguments are wrong.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// The workers could not be started (e.g. the processes did not connect).
+    #[error(transparent)]
+    Start(#[from] StartError),
+    /// The checkpoints could not be opened, restored or written.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// Building a worker's dataflows failed, or the job stopped because
+    /// something failed for good (a source, a checkpoint).
+    #[error("worker {worker}: {error}")]
+    Worker {
+        /// The worker (its index in the job).
+        worker: usize,
+        /// What failed.
+        error: String,
+    },
+    /// The check given to [`Job::verifying`] failed.
+    #[error("{0}")]
+    Verify(String),
+    /// A worker panicked.
+    #[error("a worker panicked: {0}")]
+    Panicked(String),
+    /// The workers ended without the job's final checkpoint being written.
+    #[error("the job ended without writing its final checkpoint")]
+    Unfinished,
+}
+
+/// What a job's run in this process gave.
+#[derive(Debug)]
+pub struct JobReport<T> {
+    /// What the program's closure returned on each of this process's
+    /// workers, in worker order.
+    pub outputs: Vec<T>,
+    /// The checkpoint the job resumed from, if it did.
+    pub recovered_from: Option<CheckpointId>,
+    /// The checkpoints this run wrote.
+    pub checkpoints: Vec<CheckpointId>,
+    /// Whether the job's final checkpoint (taken when its sources ended)
+    /// is written: always, for a checkpointed job that returns `Ok`.
+    pub final_checkpoint: bool,
+    /// The job had completed before this run (its latest checkpoint is the
+    /// final one): its dataflows were built (its sinks recovered) but not
+    /// run.
+    pub already_complete: bool,
+}
+
+/// What [`Job::verifying`] runs.
+type Verify = Box<dyn FnOnce(&Checkpoints) -> Result<(), String>>;
+
+/// A job: a timely computation on a layout of workers and processes,
+/// checkpointed if asked, run to its end by [`run`](Self::run).
+pub struct Job {
+    config: timely::Config,
+    checkpoints: Option<CheckpointConfig>,
+    coordinator: Option<String>,
+    verify: Option<Verify>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("config", &self.config.communication)
+            .field("checkpoints", &self.checkpoints)
+            .field("coordinator", &self.coordinator)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Job {
+    /// A job on the layout `config` describes (`timely::Config::process(n)`,
+    /// or a cluster).
+    pub fn new(config: timely::Config) -> Self {
+        Job { config, checkpoints: None, coordinator: None, verify: None }
+    }
+
+    /// A job on the layout timely's arguments describe: `-w` workers per
+    /// process, `-n` processes, `-p` this process's index, `-h` a file of
+    /// `host:port` lines.
+    pub fn from_args(args: &[String]) -> Result<Self, ClusterError> {
+        Ok(Job::new(config_from_args(args)?))
+    }
+
+    /// Checkpoints the job as `config` says.
+    pub fn checkpointed(mut self, config: CheckpointConfig) -> Self {
+        self.checkpoints = Some(config);
+        self
+    }
+
+    /// For a checkpointed job of several processes: where process 0
+    /// coordinates the checkpoints (`host:port`); by default process 0's
+    /// host at its timely port + 1000.
+    pub fn coordinator(mut self, address: impl Into<String>) -> Self {
+        self.coordinator = Some(address.into());
+        self
+    }
+
+    /// For a checkpointed job: `verify` runs with the opened checkpoints
+    /// before the workers start (e.g. to check a dataflow built once on no
+    /// input against the restored checkpoint, [`Checkpoints::check_dataflow`],
+    /// or to recover a sink before anything runs); its error stops the job.
+    pub fn verifying(mut self, verify: impl FnOnce(&Checkpoints) -> Result<(), String> + 'static) -> Self {
+        self.verify = Some(Box::new(verify));
+        self
+    }
+
+    /// Runs the job: `build` builds a worker's dataflows (it is called once
+    /// on every worker of this process, like the closure of
+    /// `timely::execute`); then the workers run until every source has ended,
+    /// or until a source or the checkpoints fail for good (then the
+    /// dataflows are dropped and the error returned). A checkpointed job
+    /// resumes from its latest checkpoint if `recover` is set, and returns
+    /// once its final checkpoint is written and its sinks have committed.
+    pub fn run<T, E, F>(self, build: F) -> Result<JobReport<T>, JobError>
+    where
+        T: Send + 'static,
+        E: std::fmt::Display,
+        F: Fn(&mut timely::worker::Worker) -> Result<T, E> + Send + Sync + 'static,
+    {
+        let Job { mut config, checkpoints, coordinator, verify } = self;
+        let checkpoints = match checkpoints {
+            Some(ck) => Some(match checkpoint_membership(&config, coordinator.as_deref())? {
+                Some(membership) => Checkpoints::open_member(ck, membership)?,
+                None => Checkpoints::open(ck, crate::cluster::threads(&config))?,
+            }),
+            None => None,
+        };
+        if let (Some(ck), Some(verify)) = (checkpoints.as_ref(), verify) {
+            verify(ck).map_err(JobError::Verify)?;
+        }
+        let recovered_from = checkpoints.as_ref().and_then(|c| c.restored()).map(|m| m.id);
+        // The job had completed: its dataflows are built (so that its sinks
+        // recover, committing the final checkpoint's output if a crash came
+        // between its manifest and the commit), and dropped without running.
+        let complete = checkpoints.as_ref().is_some_and(|c| c.restored().is_some_and(|m| m.is_final()));
+        let failures = Failures::default();
+        config.worker.set(FAILURES_KEY.to_owned(), failures.clone());
+        if let Some(ck) = checkpoints.as_ref() {
+            ck.configure(&mut config);
+        }
+        let abort = checkpoints.as_ref().map(Checkpoints::startup_abort).unwrap_or_default();
+        let ck = checkpoints.clone();
+        let started = crate::cluster::execute_abortable(config, &abort, move |worker| -> Result<T, JobError> {
+            let index = worker.index();
+            // A worker that stops with an error drops its dataflows: timely
+            // would step them until they complete, and they would not, with
+            // another worker's half missing or its sources held.
+            let failed = |worker: &mut timely::worker::Worker, error: String| {
+                for dataflow in worker.installed_dataflows() {
+                    worker.drop_dataflow(dataflow);
+                }
+                JobError::Worker { worker: index, error }
+            };
+            let output = match build(worker) {
+                Ok(output) => output,
+                Err(e) => {
+                    let error = format!("building the dataflow: {e}");
+                    // The other workers' sources let go instead of waiting for checkpoints.
+                    if let Some(ck) = ck.as_ref() {
+                        ck.fail_job(error.clone());
+                    }
+                    failures.report(error.clone());
+                    return Err(failed(worker, error));
+                }
+            };
+            if complete {
+                for dataflow in worker.installed_dataflows() {
+                    worker.drop_dataflow(dataflow);
+                }
+                return Ok(output);
+            }
+            if let Some(ck) = ck.as_ref() {
+                if let Err(e) = ck.built(worker) {
+                    return Err(failed(worker, e.to_string()));
+                }
+            }
+            let mut watched: Vec<&dyn Failing> = vec![&failures];
+            if let Some(ck) = ck.as_ref() {
+                watched.push(ck);
+            }
+            run_until_failed(worker, &watched).map_err(|e| JobError::Worker { worker: index, error: e.0 })?;
+            Ok(output)
+        });
+        let joined = started.map(|guards| {
+            let mut outputs = Vec::new();
+            for result in guards.join() {
+                outputs.push(result.map_err(JobError::Panicked).and_then(|r| r));
+            }
+            outputs
+        });
+        // The checkpoints are finished whatever happened (their threads stop,
+        // a final checkpoint is waited for), and the first error reported.
+        let finished = checkpoints.as_ref().map(Checkpoints::finish).transpose();
+        let outputs = joined?.into_iter().collect::<Result<Vec<T>, JobError>>()?;
+        let final_checkpoint = match finished? {
+            _ if complete => true,
+            Some(false) => return Err(JobError::Unfinished),
+            Some(true) => true,
+            None => false,
+        };
+        let checkpoints = checkpoints.map(|c| c.written()).unwrap_or_default();
+        Ok(JobReport { outputs, recovered_from, checkpoints, final_checkpoint, already_complete: complete })
+    }
+}

@@ -11,7 +11,7 @@
 //!    harness. Once a checkpoint holds every key the child is killed (SIGKILL)
 //!    and started again with `--recover`; its source then sends the event that
 //!    closes the window. Reported: the checkpoint's size, the time to write it
-//!    (RocksDB shards, store, manifest; from the job's log), the longest pause
+//!    (shard files, store, manifest; from the job's log), the longest pause
 //!    of a worker taking its snapshot, and the time from the restart to the
 //!    first output row (state loaded, sources rewound, window fired).
 //!

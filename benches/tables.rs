@@ -98,9 +98,9 @@ fn run(mode: Mode, o: &Options, workers: usize) -> (f64, u64) {
             let counter = move |n: usize| counted.set(counted.get() + n as u64);
             match mode {
                 Mode::Enrich => {
-                    let table = right.upsert(0).table;
+                    let table = right.upsert().table;
                     let events = left.map(|(k, _)| k);
-                    let joined = events.join_as_of(&table, |k| *k, 0).results;
+                    let joined = events.join_as_of(&table, |k| *k).results;
                     joined
                         .inner
                         .inspect_core(move |e| {
@@ -111,7 +111,7 @@ fn run(mode: Mode, o: &Options, workers: usize) -> (f64, u64) {
                         .probe_with(&probe);
                 }
                 Mode::EnrichBaseline => {
-                    let table = right.upsert(0).table;
+                    let table = right.upsert().table;
                     table.changelog().probe_with(&probe);
                     let events = left.map(|(k, _)| k).exchange(|k| *k).map(|k| (k, k));
                     events
@@ -124,8 +124,8 @@ fn run(mode: Mode, o: &Options, workers: usize) -> (f64, u64) {
                         .probe_with(&probe);
                 }
                 Mode::TableJoin | Mode::TableJoinBaseline => {
-                    let orders = left.upsert(0).table;
-                    let customers = right.upsert(0).table;
+                    let orders = left.upsert().table;
+                    let customers = right.upsert().table;
                     if mode == Mode::TableJoin {
                         let joined = orders.join(&customers, |_order, customer| *customer);
                         joined

@@ -74,7 +74,7 @@ fn main() -> anyhow::Result<()> {
                 let key: Vec<&str> = change.key.columns.iter().map(|(name, _)| &**name).collect();
                 change.upserts(|before| before.project(&key))
             });
-            let table = rows.upsert(0).table;
+            let table = rows.upsert().table;
             // The view: count and sum per group, maintained under inserts, updates and deletes.
             let (g, a) = (Arc::clone(&group), Arc::clone(&amount));
             let view = table.changelog().aggregate_by_key(

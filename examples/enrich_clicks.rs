@@ -82,7 +82,7 @@ fn main() -> anyhow::Result<()> {
                 read(scope, profiles, |p: &ProfileUpdate| p.time, options("profiles"), &metrics, None).expect("opened");
 
             // The profile table: upserts by user, deletes as `None`.
-            let table = profiles.events.map(|p| (p.user, p.profile)).upsert(0).table;
+            let table = profiles.events.map(|p| (p.user, p.profile)).upsert().table;
 
             // Clicks within 10 minutes after an impression of the same ad to the same user.
             let key = |e: &AdEvent| (e.ad.clone(), e.user.clone());
@@ -91,12 +91,11 @@ fn main() -> anyhow::Result<()> {
                 key,
                 key,
                 between(0, 10.minutes() as i64),
-                0,
                 |impression, click| (impression.clone(), click.clone()),
             );
 
             // Each attributed click with the profile as of the click's time.
-            let enriched = attributed.results.left_join_as_of(&table, |(_, click)| click.user.clone(), 0);
+            let enriched = attributed.results.left_join_as_of(&table, |(_, click)| click.user.clone());
             enriched.results.inner.inspect(|(((impression, click), profile), _time, _diff)| {
                 let who = profile.as_ref().map_or("no profile".to_owned(), |p| format!("{} {}", p.tier, p.country));
                 let after = (click.time - impression.time) / 1_000;

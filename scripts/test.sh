@@ -30,7 +30,7 @@ if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
     if [ -n "$policy_added" ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 
-# RocksDB and libclang for the build (checkpoint shards).
+# OpenSSL headers for the build (S3 checkpoint store).
 source scripts/setup.sh
 
 # An S3-compatible server for the checkpoint store tests: moto's, from PyPI
@@ -56,6 +56,9 @@ log "cargo test (unit, integration, property, golden, doc)"
 cargo test --workspace --release "${features[@]}" --lib --bins --tests --examples
 cargo test --workspace --release "${features[@]}" --doc
 
+log "cargo doc (every public item documented, no warnings)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+
 log "cargo test (operators, debug: timely's capability checks are debug assertions)"
 cargo test -p highwater-operators --tests
 
@@ -69,5 +72,24 @@ log "cargo test on the encoded state backend (operators debug; oracles release)"
 HIGHWATER_STATE_BACKEND=encoded cargo test -p highwater-operators --tests
 HIGHWATER_STATE_BACKEND=encoded cargo test --workspace --release "${features[@]}" \
     --test nexmark_oracle --test window_oracle --test join_oracle --test cep_oracle
+
+# The lean build: a user's crate (tests/user-crate) on highwater with default
+# features off compiles no C or C++ library, no TLS, no async runtime and no
+# CLI crate, and its program (windows, CEP, checkpoints, exactly-once output)
+# checks its own results; each connector feature builds on its own.
+log "a user's crate with default features off (tests/user-crate); each feature alone"
+user_tree=$(cargo tree --manifest-path tests/user-crate/Cargo.toml --locked -e normal,build --prefix none)
+forbidden='^(rocksdb|librocksdb-sys|openssl|openssl-sys|native-tls|ring|aws-lc-sys|cc|cmake|bindgen|tokio|reqwest|object_store|postgres|clap|tracing-subscriber|mimalloc) '
+if grep -E "$forbidden" <<<"$user_tree"; then
+    echo "error: the crates above reach a user's build with default features off" >&2
+    exit 1
+fi
+user_dir=$(mktemp -d)
+cargo run --manifest-path tests/user-crate/Cargo.toml --locked --target-dir "${CARGO_TARGET_DIR:-$PWD/target}" \
+    -- "$user_dir" -w 2
+rm -rf "$user_dir"
+for feature in postgres s3; do
+    cargo check --lib --no-default-features --features "$feature"
+done
 
 log "all checks passed"

@@ -133,7 +133,7 @@ pub enum StartError {
     Workers(String),
 }
 
-/// Runs `func` on every worker of `config`, like [`timely::execute`].
+/// Runs `func` on every worker of `config`, like [`timely::execute()`].
 pub fn execute<T, F>(config: timely::Config, func: F) -> Result<timely::communication::WorkerGuards<T>, StartError>
 where
     T: Send + 'static,

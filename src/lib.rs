@@ -2,17 +2,24 @@
 //!
 //! A highwater program is a timely dataflow whose timestamps are event time
 //! (ms since the epoch) and whose frontiers are watermarks. This crate holds
-//! the runtime around the operators of [`highwater_operators`]: watermarks at
-//! the sources ([`time`]), sources and sinks ([`source`], [`sink`]), dead
-//! letters, cluster start-up ([`cluster`]), CEP patterns in text ([`cep`]),
-//! the Nexmark benchmark ([`nexmark`]) and the `highwater` command line
-//! ([`cli`]).
+//! the operators ([`operators`]: the `highwater-operators` crate, documented
+//! here in full) and the runtime around them: watermarks at the sources
+//! ([`time`]), sources and sinks ([`source`], [`sink`]), running a job
+//! ([`Job`], [`cluster`]), checkpoints ([`checkpoint`]), dead letters, change
+//! data capture ([`cdc`]), CEP patterns in text ([`cep`]), the Nexmark
+//! benchmark ([`nexmark`]) and the `highwater` command line (`cli`).
+//!
+//! Start with the [`prelude`], [`Job`] and [`source::read()`]; the README
+//! has a guide. Cargo features: `postgres` (CDC source, exactly-once sink),
+//! `s3` (S3 checkpoint stores), `cli` (the command, with both; the default).
+//! With default features off the crate compiles no C or C++ library.
 
 #![forbid(missing_docs)]
 
 pub mod cdc;
 pub mod cep;
 pub mod checkpoint;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod cluster;
 pub mod dead_letter;
@@ -23,18 +30,26 @@ pub mod nexmark;
 pub mod sink;
 pub mod source;
 
+/// The operators (the `highwater-operators` crate, documented here in full):
+/// windows, aggregations, joins, tables, CEP, the stateful-operator model,
+/// checkpoint state.
+#[doc(inline)]
 pub use highwater_operators as operators;
-/// Event time: timestamps, lateness, watermark strategies and durations (the
-/// operators crate's [`highwater_operators::time`]).
+#[doc(inline)]
 pub use highwater_operators::time;
+#[doc(inline)]
 pub use highwater_operators::{EventStream, Timestamp};
 pub use job::{Job, JobError, JobReport};
 
 /// The names most programs use.
 pub mod prelude {
+    pub use crate::checkpoint::CheckpointConfig;
     pub use crate::dead_letter::DeadLetter;
-    pub use crate::sink::{collect, write_lines, Collected, LineTarget, SinkMode};
-    pub use crate::source::{read, JsonDecoder, JsonLines, MemorySource, Source, SourceMetrics, SourceOptions};
+    pub use crate::job::Job;
+    pub use crate::sink::{
+        collect, write_json_lines, write_lines, write_parts, Collected, LineTarget, PartFormat, SinkMode,
+    };
+    pub use crate::source::{read, JsonDecoder, JsonLines, MemorySource, Read, Source, SourceMetrics, SourceOptions};
     pub use crate::time::{parse_duration, WatermarkStrategy};
     pub use highwater_operators::prelude::*;
 }

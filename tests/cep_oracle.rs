@@ -549,7 +549,7 @@ fn run(case: &Case, d: &PatDesc, workers: usize) -> (BTreeMap<Item, i64>, BTreeM
                 ..Default::default()
             };
             let events = read(scope, source, |e: &Ev| e.4, options, &SourceMetrics::default(), None).unwrap().events;
-            let out = events.match_pattern_with_lateness(|e| e.1, pattern, lateness).unwrap();
+            let out = events.allowed_lateness(lateness).key_by(|e| e.1).pattern(pattern).unwrap();
             let item = |timed_out: bool| {
                 move |(m, t, d): Update<highwater_operators::cep::Match<u8, Ev>>, out: &mut Vec<Update<Item>>| {
                     let mut ids = Vec::new();

@@ -73,7 +73,7 @@ fn table_of(file: &Path, workers: usize) -> (Vec<(Row, Row)>, Vec<String>) {
             let options = SourceOptions { watermark: WatermarkStrategy::Monotonous, ..Default::default() };
             let streams = read(scope, source, |c: &Change| c.time, options, &SourceMetrics::default(), None).unwrap();
             let upserts = streams.events.flat_map(|c| c.upserts(|row| row.project(&["id"])));
-            upserts.upsert(0).table.serve(&served);
+            upserts.upsert().table.serve(&served);
             collect(&streams.dead_letters.map(|d| d.reason), &d);
         });
     })

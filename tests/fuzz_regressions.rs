@@ -20,7 +20,7 @@ use highwater::operators::checkpoint::encode_chunk;
 type Harness = fn(&[u8]) -> Outcome;
 
 /// The targets, by the name of their `cargo fuzz` target and directories.
-const TARGETS: [(&str, Harness); 7] = [
+const TARGETS: [(&str, Harness); 8] = [
     ("json_lines", fuzzing::json_lines),
     ("nexmark", fuzzing::nexmark),
     ("debezium", fuzzing::debezium),
@@ -28,6 +28,7 @@ const TARGETS: [(&str, Harness); 7] = [
     ("cep", fuzzing::cep),
     ("manifest", fuzzing::manifest),
     ("shard_chunk", fuzzing::shard_chunk),
+    ("shard_file", fuzzing::shard_file),
 ];
 
 /// What each minimized crash under `tests/fuzz/<target>/` must give now: the
@@ -347,5 +348,14 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     add("shard_chunk", "entries", encode_chunk(&entries));
     add("shard_chunk", "empty", encode_chunk(&[]));
     add("shard_chunk", "bad-truncated", encode_chunk(&entries)[..30].to_vec());
+
+    // Shard files, as the shard writer writes them.
+    let operators = vec![("window.1".to_owned(), entries.clone()), ("join".to_owned(), vec![])];
+    let mut shard = Vec::new();
+    highwater::checkpoint::shard::write_to(&mut shard, &operators).expect("writes to memory");
+    add("shard_file", "bad-truncated", shard[..shard.len() - 3].to_vec());
+    add("shard_file", "operators", shard);
+    add("shard_file", "empty", highwater::checkpoint::shard::MAGIC.to_vec());
+    add("shard_file", "bad-header", b"HWSHARD0".to_vec());
     out
 }

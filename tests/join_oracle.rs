@@ -228,7 +228,7 @@ fn check_upsert(case: &Case, workers: usize) {
         bag(table.keys().filter_map(|k| as_of(&table, *k, t).map(|v| format!("{:?}", (*k, v)))))
     });
     let got = run(case, workers, |left, _right, lateness| {
-        let upserted = upserts(left).upsert(lateness);
+        let upserted = upserts(left).allowed_lateness(lateness).upsert();
         (show(&upserted.table.changelog()), show(&upserted.late.stream.map(|(k, v)| (k, v))))
     });
     let late_want = bag(late.iter().map(|r| format!("{:?}", (r.1, r.2))));
@@ -284,8 +284,8 @@ fn check_table_join(case: &Case, kind: TableJoin, workers: usize) {
         bag(rows)
     });
     let got = run(case, workers, move |left, right, lateness| {
-        let l = upserts(left).upsert(lateness).table;
-        let r = upserts(right).upsert(lateness).table;
+        let l = upserts(left).allowed_lateness(lateness).upsert().table;
+        let r = upserts(right).allowed_lateness(lateness).upsert().table;
         let out = match kind {
             TableJoin::Inner => show(&l.join(&r, |_, v| fk(*v))),
             TableJoin::Left => show(&l.left_join(&r, |_, v| fk(*v))),
@@ -311,11 +311,11 @@ fn check_as_of(case: &Case, left_join: bool, workers: usize) {
         *rows.entry((row, r.3)).or_insert(0) += 1;
     }
     let got = run(case, workers, move |left, right, lateness| {
-        let table = upserts(right).upsert(lateness).table;
+        let table = upserts(right).allowed_lateness(lateness).upsert().table;
         let out = if left_join {
-            show(&left.left_join_as_of(&table, |r| r.1, lateness).results)
+            show(&left.allowed_lateness(lateness).left_join_as_of(&table, |r| r.1).results)
         } else {
-            show(&left.join_as_of(&table, |r| r.1, lateness).results)
+            show(&left.allowed_lateness(lateness).join_as_of(&table, |r| r.1).results)
         };
         (out, nothing(left))
     });
@@ -331,7 +331,7 @@ fn check_updating(case: &Case, workers: usize) {
         bag(events.iter().filter(|e| e.3 <= t).filter_map(|e| as_of(&table, e.1, t).map(|v| format!("({e:?}, {v:?})"))))
     });
     let got = run(case, workers, move |left, right, lateness| {
-        let table = upserts(right).upsert(lateness).table;
+        let table = upserts(right).allowed_lateness(lateness).upsert().table;
         (show(&left.join_updating(&table, |r| r.1)), nothing(left))
     });
     assert_eq!(got.0, want, "updating join at {workers} workers");
@@ -348,7 +348,8 @@ fn check_interval(case: &Case, workers: usize) {
     }
     let late_want = bag(late_l.iter().chain(&late_r).map(|r| format!("{r:?}")));
     let got = run(case, workers, |left, right, lateness| {
-        let joined = left.interval_join(right, |l| l.1, |r| r.1, between(-10, 20), lateness, |l, r| (*l, *r));
+        let joined =
+            left.allowed_lateness(lateness).interval_join(right, |l| l.1, |r| r.1, between(-10, 20), |l, r| (*l, *r));
         (show(&joined.results), show(&joined.late_left.stream).concat(&show(&joined.late_right.stream)))
     });
     assert_eq!(got.0, want, "interval join at {workers} workers");
@@ -408,9 +409,15 @@ fn check_window_join(case: &Case, windows: Windows, workers: usize) {
     }
     let got = run(case, workers, move |left, right, lateness| {
         let out = match windows {
-            Windows::Tumbling => left.window_join(right, Tumbling::of(50), |l| l.1, |r| r.1, lateness).results,
-            Windows::Sliding => left.window_join(right, Sliding::of(60, 20), |l| l.1, |r| r.1, lateness).results,
-            Windows::Session => left.window_join(right, Session::with_gap(15), |l| l.1, |r| r.1, lateness).results,
+            Windows::Tumbling => {
+                left.allowed_lateness(lateness).window_join(right, Tumbling::of(50), |l| l.1, |r| r.1).results
+            }
+            Windows::Sliding => {
+                left.allowed_lateness(lateness).window_join(right, Sliding::of(60, 20), |l| l.1, |r| r.1).results
+            }
+            Windows::Session => {
+                left.allowed_lateness(lateness).window_join(right, Session::with_gap(15), |l| l.1, |r| r.1).results
+            }
         };
         let rows = out.map(|w| format!("({}, {}, {}, {:?})", w.window.start, w.window.end, w.key, w.value));
         (rows, nothing(left))

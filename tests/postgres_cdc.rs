@@ -77,7 +77,7 @@ impl Running {
                             .map(move |(key, row)| ((Arc::clone(&c.table), key), row))
                             .collect::<Vec<_>>()
                     });
-                    upserts.upsert(0).table.serve(&s.tables);
+                    upserts.upsert().table.serve(&s.tables);
                 });
                 // A source that fails stops the worker (its error is in the metrics).
                 let _ = highwater::source::run_until_failed(worker, &[&m]);

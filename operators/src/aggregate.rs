@@ -72,73 +72,193 @@ impl<D> Aggregate<D> for Count {
     }
 }
 
-/// The sum of an integer field.
-#[derive(Clone, Copy, Debug)]
-pub struct Sum<F>(F);
+/// An exact decimal number (96-bit mantissa, up to 28 fractional digits),
+/// for sums and averages of prices and amounts: `rust_decimal`'s `Decimal`.
+pub use rust_decimal::Decimal;
 
-impl<F> Sum<F> {
+/// A number that [`Sum`] and [`Avg`] take: `i64`, `f64` or [`Decimal`].
+///
+/// Integer and decimal sums are exact under retractions (a record inserted
+/// and taken back leaves the sum as it was); `f64` sums are compensated
+/// (Neumaier), so rounding errors stay small, but a retraction need not undo
+/// an insertion to the last bit.
+pub trait Number: Copy + 'static {
+    /// The running sum.
+    type Acc: Clone + Default + std::fmt::Debug + Serialize + DeserializeOwned + Send + 'static;
+    /// The average's type: `f64` for `i64` and `f64`, [`Decimal`] for decimals.
+    type Mean: Data;
+    /// Adds `value` `diff` times to `acc`.
+    fn add(acc: &mut Self::Acc, value: Self, diff: Diff);
+    /// Adds the sum `other` to `acc`.
+    fn merge(acc: &mut Self::Acc, other: Self::Acc);
+    /// The sum.
+    fn total(acc: &Self::Acc) -> Self;
+    /// The sum divided by `count` (which is positive).
+    fn mean(acc: &Self::Acc, count: i64) -> Self::Mean;
+}
+
+impl Number for i64 {
+    /// Exact: wide enough for any number of `i64` values a job sees.
+    type Acc = i128;
+    type Mean = f64;
+    fn add(acc: &mut i128, value: i64, diff: Diff) {
+        *acc = acc.wrapping_add(i128::from(value) * i128::from(diff));
+    }
+    fn merge(acc: &mut i128, other: i128) {
+        *acc = acc.wrapping_add(other);
+    }
+    /// The sum, saturated to `i64`'s range.
+    fn total(acc: &i128) -> i64 {
+        (*acc).clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+    }
+    fn mean(acc: &i128, count: i64) -> f64 {
+        *acc as f64 / count as f64
+    }
+}
+
+/// A compensated `f64` sum (Neumaier): the sum and its running error.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct FloatSum {
+    sum: f64,
+    compensation: f64,
+}
+
+impl FloatSum {
+    fn add(&mut self, x: f64) {
+        let t = self.sum + x;
+        if self.sum.abs() >= x.abs() {
+            self.compensation += (self.sum - t) + x;
+        } else {
+            self.compensation += (x - t) + self.sum;
+        }
+        self.sum = t;
+    }
+}
+
+impl Number for f64 {
+    type Acc = FloatSum;
+    type Mean = f64;
+    fn add(acc: &mut FloatSum, value: f64, diff: Diff) {
+        acc.add(value * diff as f64);
+    }
+    fn merge(acc: &mut FloatSum, other: FloatSum) {
+        acc.add(other.sum);
+        acc.add(other.compensation);
+    }
+    fn total(acc: &FloatSum) -> f64 {
+        acc.sum + acc.compensation
+    }
+    fn mean(acc: &FloatSum, count: i64) -> f64 {
+        Self::total(acc) / count as f64
+    }
+}
+
+impl Number for Decimal {
+    /// Exact, saturating at `Decimal`'s range (±7.9·10²⁸) rather than panicking.
+    type Acc = Decimal;
+    type Mean = Decimal;
+    fn add(acc: &mut Decimal, value: Decimal, diff: Diff) {
+        *acc = acc.saturating_add(value.saturating_mul(Decimal::from(diff)));
+    }
+    fn merge(acc: &mut Decimal, other: Decimal) {
+        *acc = acc.saturating_add(other);
+    }
+    fn total(acc: &Decimal) -> Decimal {
+        *acc
+    }
+    fn mean(acc: &Decimal, count: i64) -> Decimal {
+        acc.checked_div(Decimal::from(count)).unwrap_or_default()
+    }
+}
+
+/// The sum of a numeric field: `i64`, `f64` or [`Decimal`] (see [`Number`]).
+///
+/// ```
+/// use highwater_operators::aggregate::{Aggregate, Decimal, Sum};
+///
+/// let prices = [Decimal::new(1999, 2), Decimal::new(1, 2)]; // 19.99 and 0.01
+/// let sum = Sum::of(|p: &Decimal| *p);
+/// let mut acc = Aggregate::<Decimal>::init(&sum);
+/// for p in &prices {
+///     sum.update(&mut acc, p, 1);
+/// }
+/// assert_eq!(sum.output(&acc), Some(Decimal::new(2000, 2)));
+/// sum.update(&mut acc, &prices[1], -1); // a retraction
+/// assert_eq!(sum.output(&acc), Some(Decimal::new(1999, 2)));
+/// let floats = Sum::of(|x: &f64| *x);
+/// let mut acc = Aggregate::<f64>::init(&floats);
+/// for x in [0.1, 0.2, 0.3] {
+///     floats.update(&mut acc, &x, 1);
+/// }
+/// assert_eq!(floats.output(&acc), Some(0.6));
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Sum<F, V = i64>(F, PhantomData<fn() -> V>);
+
+impl<F, V> Sum<F, V> {
     /// Sums `field(record)` over the records.
     pub fn of<D>(field: F) -> Self
     where
-        F: Fn(&D) -> i64,
+        F: Fn(&D) -> V,
     {
-        Sum(field)
+        Sum(field, PhantomData)
     }
 }
 
-impl<D, F: Fn(&D) -> i64 + 'static> Aggregate<D> for Sum<F> {
+impl<D, V: Number + Data, F: Fn(&D) -> V + 'static> Aggregate<D> for Sum<F, V> {
     /// (sum, number of records): the count tells an empty group from a zero sum.
-    type Acc = (i64, i64);
-    type Output = i64;
-    fn init(&self) -> (i64, i64) {
-        (0, 0)
+    type Acc = (V::Acc, i64);
+    type Output = V;
+    fn init(&self) -> (V::Acc, i64) {
+        (V::Acc::default(), 0)
     }
     #[inline]
-    fn update(&self, acc: &mut (i64, i64), record: &D, diff: Diff) {
-        acc.0 += (self.0)(record) * diff;
+    fn update(&self, acc: &mut (V::Acc, i64), record: &D, diff: Diff) {
+        V::add(&mut acc.0, (self.0)(record), diff);
         acc.1 += diff;
     }
-    fn merge(&self, acc: &mut (i64, i64), other: (i64, i64)) {
-        acc.0 += other.0;
+    fn merge(&self, acc: &mut (V::Acc, i64), other: (V::Acc, i64)) {
+        V::merge(&mut acc.0, other.0);
         acc.1 += other.1;
     }
-    fn output(&self, acc: &(i64, i64)) -> Option<i64> {
-        (acc.1 > 0).then_some(acc.0)
+    fn output(&self, acc: &(V::Acc, i64)) -> Option<V> {
+        (acc.1 > 0).then(|| V::total(&acc.0))
     }
 }
 
-/// The average of an integer field, `SUM / COUNT` in double precision.
+/// The average of a numeric field, `SUM / COUNT`: in double precision for
+/// `i64` and `f64` fields, exact for [`Decimal`] ones (see [`Number`]).
 #[derive(Clone, Copy, Debug)]
-pub struct Avg<F>(F);
+pub struct Avg<F, V = i64>(F, PhantomData<fn() -> V>);
 
-impl<F> Avg<F> {
+impl<F, V> Avg<F, V> {
     /// Averages `field(record)` over the records.
     pub fn of<D>(field: F) -> Self
     where
-        F: Fn(&D) -> i64,
+        F: Fn(&D) -> V,
     {
-        Avg(field)
+        Avg(field, PhantomData)
     }
 }
 
-impl<D, F: Fn(&D) -> i64 + 'static> Aggregate<D> for Avg<F> {
-    /// (exact sum, count).
-    type Acc = (i128, i64);
-    type Output = f64;
-    fn init(&self) -> (i128, i64) {
-        (0, 0)
+impl<D, V: Number, F: Fn(&D) -> V + 'static> Aggregate<D> for Avg<F, V> {
+    /// (sum, count).
+    type Acc = (V::Acc, i64);
+    type Output = V::Mean;
+    fn init(&self) -> (V::Acc, i64) {
+        (V::Acc::default(), 0)
     }
     #[inline]
-    fn update(&self, acc: &mut (i128, i64), record: &D, diff: Diff) {
-        acc.0 += i128::from((self.0)(record)) * i128::from(diff);
+    fn update(&self, acc: &mut (V::Acc, i64), record: &D, diff: Diff) {
+        V::add(&mut acc.0, (self.0)(record), diff);
         acc.1 += diff;
     }
-    fn merge(&self, acc: &mut (i128, i64), other: (i128, i64)) {
-        acc.0 += other.0;
+    fn merge(&self, acc: &mut (V::Acc, i64), other: (V::Acc, i64)) {
+        V::merge(&mut acc.0, other.0);
         acc.1 += other.1;
     }
-    fn output(&self, acc: &(i128, i64)) -> Option<f64> {
-        (acc.1 > 0).then(|| acc.0 as f64 / acc.1 as f64)
+    fn output(&self, acc: &(V::Acc, i64)) -> Option<V::Mean> {
+        (acc.1 > 0).then(|| V::mean(&acc.0, acc.1))
     }
 }
 

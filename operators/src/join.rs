@@ -279,20 +279,18 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
     ///     let impressions = EventStream::new(vec![(7u64, 1_000u64, 1i64)].to_stream(scope));
     ///     let clicks = EventStream::new(vec![(7u64, 2_000u64, 1i64), (7, 700_000, 1)].to_stream(scope));
     ///     impressions
-    ///         .interval_join(&clicks, |i| *i, |c| *c, between(0, 10.minutes() as i64), 0, |i, c| (*i, *c))
+    ///         .interval_join(&clicks, |i| *i, |c| *c, between(0, 10.minutes() as i64), |i, c| (*i, *c))
     ///         .results.inner.capture()
     /// });
     /// let out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).collect();
     /// assert_eq!(out, vec![((7, 7), 2_000, 1)]);
     /// ```
-    #[allow(clippy::too_many_arguments)]
     pub fn interval_join<K, R, KL, KR, B, O, F>(
         &self,
         other: &EventStream<'scope, R>,
         key_left: KL,
         key_right: KR,
         interval: Interval<B>,
-        allowed_lateness: u64,
         output: F,
     ) -> IntervalJoined<'scope, O, L, R>
     where
@@ -304,15 +302,7 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         B: Fn(&L, Timestamp) -> (Timestamp, Timestamp) + 'static,
         F: Fn(&L, &R) -> O + 'static,
     {
-        self.interval_join_core(
-            "IntervalJoin",
-            other,
-            key_left,
-            key_right,
-            interval,
-            AllowedLateness(allowed_lateness),
-            output,
-        )
+        self.interval_join_core("IntervalJoin", other, key_left, key_right, interval, AllowedLateness::ZERO, output)
     }
 
     /// [`interval_join`](Self::interval_join) with an operator name.
@@ -602,7 +592,7 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
     ///     // (ad, what) at event times: a view at 1 s and one at 12 s, a click at 4 s.
     ///     let views = EventStream::new(vec![((1u32, 'v'), 1_000u64, 1i64), ((1, 'w'), 12_000, 1)].to_stream(scope));
     ///     let clicks = EventStream::new(vec![((1u32, 'c'), 4_000u64, 1i64)].to_stream(scope));
-    ///     views.window_join(&clicks, Tumbling::of(10.secs()), |v| v.0, |c| c.0, 0).results.inner.capture()
+    ///     views.window_join(&clicks, Tumbling::of(10.secs()), |v| v.0, |c| c.0).results.inner.capture()
     /// });
     /// let out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d)
     ///     .map(|(r, t, d)| (r.window.start, r.value.0 .1, r.value.1 .1, t, d)).collect();
@@ -614,7 +604,24 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         windows: W,
         key_left: KL,
         key_right: KR,
-        allowed_lateness: u64,
+    ) -> WindowJoined<'scope, K, L, R>
+    where
+        K: Key,
+        R: Data + PartialEq,
+        W: WindowSpec<Side<L, R>>,
+        KL: Fn(&L) -> K + 'static,
+        KR: Fn(&R) -> K + 'static,
+    {
+        self.window_join_with(other, windows, key_left, key_right, AllowedLateness::ZERO)
+    }
+
+    fn window_join_with<K, R, W, KL, KR>(
+        &self,
+        other: &EventStream<'scope, R>,
+        windows: W,
+        key_left: KL,
+        key_right: KR,
+        lateness: AllowedLateness,
     ) -> WindowJoined<'scope, K, L, R>
     where
         K: Key,
@@ -629,7 +636,7 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
             Side::Right(r) => key_right(r),
         };
         let windowed =
-            both.window(windows).key_by(key).allowed_lateness(allowed_lateness).named("WindowJoin").aggregate(Collect);
+            both.window(windows).key_by(key).allowed_lateness(lateness.0).named("WindowJoin").aggregate(Collect);
         let results = windowed.results.flat_map_updates("WindowJoinPairs", |(result, time, diff), out| {
             let (lefts, rights): (Vec<_>, Vec<_>) = result.value.iter().partition(|s| matches!(s, Side::Left(_)));
             for l in &lefts {
@@ -642,5 +649,48 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
             }
         });
         WindowJoined { results, late: windowed.late }
+    }
+}
+
+impl<'scope, L: Data + PartialEq> crate::late::WithLateness<'scope, L> {
+    /// [`EventStream::interval_join`] for records of either side that arrive
+    /// up to the allowed lateness after the watermark passed them.
+    pub fn interval_join<K, R, KL, KR, B, O, F>(
+        &self,
+        other: &EventStream<'scope, R>,
+        key_left: KL,
+        key_right: KR,
+        interval: Interval<B>,
+        output: F,
+    ) -> IntervalJoined<'scope, O, L, R>
+    where
+        K: Key,
+        R: Data + PartialEq,
+        O: Data,
+        KL: Fn(&L) -> K + 'static,
+        KR: Fn(&R) -> K + 'static,
+        B: Fn(&L, Timestamp) -> (Timestamp, Timestamp) + 'static,
+        F: Fn(&L, &R) -> O + 'static,
+    {
+        self.stream.interval_join_core("IntervalJoin", other, key_left, key_right, interval, self.lateness, output)
+    }
+
+    /// [`EventStream::window_join`] for records of either side that arrive
+    /// up to the allowed lateness after their window's end.
+    pub fn window_join<K, R, W, KL, KR>(
+        &self,
+        other: &EventStream<'scope, R>,
+        windows: W,
+        key_left: KL,
+        key_right: KR,
+    ) -> WindowJoined<'scope, K, L, R>
+    where
+        K: Key,
+        R: Data + PartialEq,
+        W: WindowSpec<Side<L, R>>,
+        KL: Fn(&L) -> K + 'static,
+        KR: Fn(&R) -> K + 'static,
+    {
+        self.stream.window_join_with(other, windows, key_left, key_right, self.lateness)
     }
 }

@@ -42,19 +42,21 @@ pub mod time;
 pub mod window;
 
 pub use aggregate::Aggregate;
-pub use late::{Counter, LateOutput};
+pub use late::{Counter, LateOutput, WithLateness};
 pub use stream::{EventStream, Update};
-pub use time::{AllowedLateness, Diff, DurationExt, Timestamp, END_OF_TIME};
+pub use time::{AllowedLateness, Diff, DurationExt, IntoMillis, Timestamp, END_OF_TIME};
 
 /// The names most programs use.
 pub mod prelude {
-    pub use crate::aggregate::{Aggregate, Avg, Collect, Count, DistinctCount, Fold, Max, MaxBy, Min, Sum, TopK};
+    pub use crate::aggregate::{
+        Aggregate, Avg, Collect, Count, Decimal, DistinctCount, Fold, Max, MaxBy, Min, Sum, TopK,
+    };
     pub use crate::cep::{AfterMatchSkip, Match, Matches, Pattern, PatternExt};
     pub use crate::join::{between, by_record, Interval, IntervalJoined, Side, WindowJoined};
-    pub use crate::late::LateOutput;
+    pub use crate::late::{LateOutput, WithLateness};
     pub use crate::stream::EventStream;
     pub use crate::table::{AsOfJoined, Table, TableReader, Upserted};
-    pub use crate::time::{AllowedLateness, Diff, DurationExt, Timestamp};
+    pub use crate::time::{AllowedLateness, Diff, DurationExt, IntoMillis, Timestamp};
     pub use crate::window::{
         windows_by, CountTrigger, CountWindows, EventTimeTrigger, GlobalWindows, ProcessingTimeTrigger, Session,
         Sliding, Trigger, TriggerAction, Tumbling, Window, WindowResult, WindowSpec, Windowed,

@@ -228,7 +228,7 @@ fn run_by_hand(
     let (matches, timeouts) = timely::execute_directly(move |worker| {
         let (mut input, captured) = worker.dataflow::<u64, _, _>(|scope| {
             let (input, stream) = scope.new_input::<Vec<Update<Ev>>>();
-            let out = EventStream::new(stream).key_by(|_| 0u8).pattern_with_lateness(pattern, lateness).unwrap();
+            let out = EventStream::new(stream).allowed_lateness(lateness).key_by(|_| 0u8).pattern(pattern).unwrap();
             (input, (out.matches.inner.capture(), out.timeouts.inner.capture()))
         });
         for (event, watermark) in steps {

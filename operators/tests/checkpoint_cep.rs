@@ -49,7 +49,7 @@ fn matching<'s>(events: &EventStream<'s, Ev>, which: u8, lateness: u64) -> Event
     let found = if lateness == 0 {
         events.match_pattern(|e| e.0, pattern(which))
     } else {
-        events.match_pattern_with_lateness(|e| e.0, pattern(which), lateness)
+        events.allowed_lateness(lateness).key_by(|e| e.0).pattern(pattern(which))
     }
     .expect("the patterns are valid");
     found

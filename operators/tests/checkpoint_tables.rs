@@ -53,7 +53,7 @@ enum Logged {
 }
 
 fn changelog<'s>(events: &EventStream<'s, Upsert>) -> EventStream<'s, Logged> {
-    let upserted = events.upsert(LATENESS);
+    let upserted = events.allowed_lateness(LATENESS).upsert();
     let rows = upserted.table.changelog().map(|(k, v)| Logged::Row(k, v));
     rows.concat(&upserted.late.stream.map(|(k, v)| Logged::Late(k, v)))
 }
@@ -102,17 +102,18 @@ fn as_of_join<'s>(input: &EventStream<'s, Mixed>, left: bool) -> EventStream<'s,
             Mixed::Table(upsert) => Some(upsert),
             Mixed::Event(..) => None,
         })
-        .upsert(LATENESS)
+        .allowed_lateness(LATENESS)
+        .upsert()
         .table;
     let events = input.flat_map(|m| match m {
         Mixed::Event(k, id) => Some((k, id)),
         Mixed::Table(_) => None,
     });
     let (results, late) = if left {
-        let joined = events.left_join_as_of(&table, |e| e.0, LATENESS);
+        let joined = events.allowed_lateness(LATENESS).left_join_as_of(&table, |e| e.0);
         (joined.results.map(|((k, id), v)| Joined::Row(k, id, v)), joined.late)
     } else {
-        let joined = events.join_as_of(&table, |e| e.0, LATENESS);
+        let joined = events.allowed_lateness(LATENESS).join_as_of(&table, |e| e.0);
         (joined.results.map(|((k, id), v)| Joined::Row(k, id, Some(v))), joined.late)
     };
     results.concat(&late.stream.map(|(k, id)| Joined::Late(k, id)))
@@ -133,7 +134,7 @@ fn served(input: &[Input<Upsert>], workers: usize, store: Option<MemoryStore>, s
         let index = worker.index();
         let mut handle: InputHandle<u64, CapacityContainerBuilder<Vec<Update<Upsert>>>> = InputHandle::new();
         worker.dataflow::<u64, _, _>(|scope| {
-            EventStream::new(scope.input_from(&mut handle)).upsert(LATENESS).table.serve(&serving);
+            EventStream::new(scope.input_from(&mut handle)).allowed_lateness(LATENESS).upsert().table.serve(&serving);
         });
         handle.advance_to(start);
         if index == 0 {

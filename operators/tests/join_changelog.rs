@@ -40,14 +40,8 @@ fn interval_join_retraction_matches_as_its_insertion() {
         let left = vec![(7u64, 1u64, 1i64), (7, 100, -1)];
         let right = vec![(7u64, 3u64, 1i64)];
         EventStream::new(left.to_stream(scope))
-            .interval_join(
-                &EventStream::new(right.to_stream(scope)),
-                |l| *l,
-                |r| *r,
-                between(0, 5),
-                1_000,
-                |l, r| (*l, *r),
-            )
+            .allowed_lateness(1_000)
+            .interval_join(&EventStream::new(right.to_stream(scope)), |l| *l, |r| *r, between(0, 5), |l, r| (*l, *r))
             .results
             .inner
             .capture()

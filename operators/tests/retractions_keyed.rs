@@ -129,7 +129,7 @@ proptest! {
         let run = check_recovery(&input, cut, before, after, |events| {
             let left = events.filter(|r: &Rec| r.1 % 2 == 0);
             let right = events.filter(|r: &Rec| r.1 % 2 == 1);
-            left.interval_join(&right, |l: &Rec| l.0, |r: &Rec| r.0, between(0, 20), 0, |l, r| (l.0, l.1, r.1)).results
+            left.interval_join(&right, |l: &Rec| l.0, |r: &Rec| r.0, between(0, 20), |l, r| (l.0, l.1, r.1)).results
         });
         prop_assert_eq!(&run.recovered, &run.expected);
         prop_assert_eq!(untimed(&run.expected), reference_join(&input));

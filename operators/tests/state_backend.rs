@@ -112,20 +112,26 @@ fn build<'s>(op: Op, events: &EventStream<'s, Rec>) -> EventStream<'s, String> {
         Op::Interval => {
             let left = events.filter(|r: &Rec| r.1 % 2 == 0);
             let right = events.filter(|r: &Rec| r.1 % 2 == 1);
-            let joined =
-                left.interval_join(&right, |l: &Rec| l.0, |r: &Rec| r.0, between(-10, 20), 40, |l, r| (l.0, l.1, r.1));
+            let joined = left.allowed_lateness(40).interval_join(
+                &right,
+                |l: &Rec| l.0,
+                |r: &Rec| r.0,
+                between(-10, 20),
+                |l, r| (l.0, l.1, r.1),
+            );
             show(&joined.results).concat(&show(&joined.late_left.stream)).concat(&show(&joined.late_right.stream))
         }
         Op::ByKey => {
             show(&events.aggregate_by_key(|r: &Rec| r.0, (Sum::of(|r: &Rec| r.1), TopK::of(2, |r: &Rec| r.1))))
         }
         Op::Upsert => {
-            let upserted = events.map(|(k, v)| (k, (v != 0).then_some(v))).upsert(40);
+            let upserted = events.map(|(k, v)| (k, (v != 0).then_some(v))).allowed_lateness(40).upsert();
             show(&upserted.table.changelog()).concat(&show(&upserted.late.stream))
         }
         Op::AsOf => {
-            let table = events.filter(|r: &Rec| r.1 % 2 == 0).map(|(k, v)| (k, Some(v))).upsert(40).table;
-            let joined = events.filter(|r: &Rec| r.1 % 2 == 1).left_join_as_of(&table, |e| e.0, 40);
+            let table =
+                events.filter(|r: &Rec| r.1 % 2 == 0).map(|(k, v)| (k, Some(v))).allowed_lateness(40).upsert().table;
+            let joined = events.filter(|r: &Rec| r.1 % 2 == 1).allowed_lateness(40).left_join_as_of(&table, |e| e.0);
             show(&joined.results).concat(&show(&joined.late.stream))
         }
         Op::Cep => {

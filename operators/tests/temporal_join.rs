@@ -43,11 +43,11 @@ fn run(
         let (mut table_in, mut events_in, captured) = worker.dataflow::<u64, _, _>(|scope| {
             let (table_in, table) = scope.new_input::<Vec<Update<Upsert>>>();
             let (events_in, events) = scope.new_input::<Vec<Update<Event>>>();
-            let table = EventStream::new(table).upsert(1_000).table;
+            let table = EventStream::new(table).allowed_lateness(1_000).upsert().table;
             let changelog = table.changelog().inner.capture();
             let events = EventStream::new(events);
-            let joined = events.join_as_of(&table, |e| e.0, 1_000);
-            let left = events.left_join_as_of(&table, |e| e.0, 1_000);
+            let joined = events.allowed_lateness(1_000).join_as_of(&table, |e| e.0);
+            let left = events.allowed_lateness(1_000).left_join_as_of(&table, |e| e.0);
             let updating = events.join_updating(&table, |e| e.0);
             let captured = (
                 joined.results.inner.capture(),

@@ -13,6 +13,7 @@
 //! PostgreSQL logical decoding ([`postgres`]).
 
 pub mod debezium;
+#[cfg(feature = "postgres")]
 pub mod postgres;
 mod value;
 

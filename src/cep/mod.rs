@@ -3,7 +3,7 @@
 //!
 //! [`compile`] turns a pattern text into a [`CepProgram`], whose
 //! [`pattern`](CepProgram::pattern) is a
-//! [`Pattern`](highwater_operators::cep::Pattern) of `serde_json::Value` for
+//! [`Pattern`] of `serde_json::Value` for
 //! [`EventStream::match_pattern`](highwater_operators::EventStream::match_pattern)
 //! (the module documentation of [`highwater_operators::cep`] says how
 //! patterns match). `highwater cep` runs one over JSON Lines.

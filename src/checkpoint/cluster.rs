@@ -7,24 +7,24 @@
 //!
 //! - **Choosing a cut.** A cut's time `T` must lie above every time any source
 //!   of any process has emitted at. The coordinator asks every process for the
-//!   latest time its sources have published ([`Message::Prepare`]); each
+//!   latest time its sources have published (`Message::Prepare`); each
 //!   answers and, until the cut is announced, holds back any source about to
 //!   publish a later time (a round trip on the network, once per interval).
-//!   `T` is one above the largest answer ([`Message::Announce`]).
+//!   `T` is one above the largest answer (`Message::Announce`).
 //! - **Gates.** A checkpoint gate opens once its operator has taken its
 //!   snapshot on its own worker (the gate sits after the operator's exchange):
 //!   no message is needed for that.
 //! - **Writing.** A process that has collected its workers' shares writes
 //!   their shards and reports them, with its sources' offsets
-//!   ([`Message::ProcessDone`]). The coordinator writes the manifest, commits
+//!   (`Message::ProcessDone`). The coordinator writes the manifest, commits
 //!   the sinks (which run in its process, on worker 0), and reports the
-//!   checkpoint written ([`Message::Written`]).
+//!   checkpoint written (`Message::Written`).
 //! - **Recovery.** The coordinator chooses the checkpoint to restore and tells
-//!   the others ([`Message::Welcome`]); every process reads all of its shards
+//!   the others (`Message::Welcome`); every process reads all of its shards
 //!   and keeps the entries of its own workers, so the number of processes and
 //!   workers may differ from the checkpoint's.
 //! - **Failure.** A process that fails, or loses its connection, fails the
-//!   checkpointing of the whole job ([`Message::Failed`]). So does a message
+//!   checkpointing of the whole job (`Message::Failed`). So does a message
 //!   that the receiver's phase does not allow (out of turn, or one only the
 //!   other role sends): see `coordinator/members.rs`.
 

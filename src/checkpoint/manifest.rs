@@ -11,9 +11,11 @@ use crate::source::Offset;
 
 /// The version of the checkpoint format this build writes and reads.
 ///
-/// Version 2: state entries are postcard-encoded and every operator's state
-/// schema is recorded ([`Manifest::schemas`]); version 1 (bincode) is not read.
-pub const FORMAT_VERSION: u32 = 2;
+/// Version 3: a worker's shard is one file of framed chunks
+/// ([`shard`](super::shard)), no longer a RocksDB database. Version 2 added
+/// postcard-encoded entries and every operator's state schema
+/// ([`Manifest::schemas`]). Older versions are not read.
+pub const FORMAT_VERSION: u32 = 3;
 
 /// The first line of a manifest file, before its checksum.
 pub(crate) const MAGIC: &str = "highwater-checkpoint-manifest";
@@ -108,7 +110,7 @@ pub struct PartitionState {
     pub done: bool,
 }
 
-/// One worker's shard of operator state: a RocksDB database's files.
+/// One worker's shard of operator state: its files (see [`shard`](super::shard)).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardInfo {
     /// The worker that wrote it.

@@ -24,8 +24,8 @@
 //! - each exactly-once sink sets aside its output below `T` as a part.
 //!
 //! Once every worker's operators, sources and sinks have handed in their
-//! share, a background thread writes each worker's state into a RocksDB
-//! database (its *shard*), puts the shards into the [`CheckpointStore`],
+//! share, a background thread writes each worker's state into a file of
+//! framed chunks (its *shard*, see [`shard`]), puts the shards into the [`CheckpointStore`],
 //! pre-commits the sinks' parts, and writes the [`Manifest`] last (atomic
 //! rename): only then does the checkpoint exist, and only then are the
 //! sinks' parts committed (renamed into place). The last
@@ -66,6 +66,7 @@ pub mod cluster;
 mod coordinator;
 mod kill;
 pub mod manifest;
+#[cfg(feature = "s3")]
 pub mod s3;
 pub mod shard;
 pub mod store;
@@ -104,9 +105,10 @@ impl CheckpointConfig {
         self
     }
 
-    /// A checkpoint every `interval` of processing time.
-    pub fn every(mut self, interval: Duration) -> Self {
-        self.interval = interval;
+    /// A checkpoint every `interval` of processing time (a `Duration`, or
+    /// milliseconds: see [`IntoMillis`](crate::time::IntoMillis)).
+    pub fn every(mut self, interval: impl crate::time::IntoMillis) -> Self {
+        self.interval = Duration::from_millis(interval.into_millis());
         self
     }
 
@@ -134,9 +136,9 @@ pub enum CheckpointError {
     ObjectStore {
         /// What was done, naming the bucket or key (`s3://bucket/key`).
         what: String,
-        /// The object store's error.
+        /// The object store's error (an `object_store::Error`).
         #[source]
-        source: object_store::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A checkpoint file is damaged or incomplete.
     #[error("{what} is corrupt: {reason}")]
@@ -154,13 +156,15 @@ pub enum CheckpointError {
         /// Its header.
         found: String,
     },
-    /// RocksDB failed.
-    #[error("state store {what}: {reason}")]
-    State {
-        /// The database.
-        what: String,
-        /// RocksDB's message.
-        reason: String,
+    /// Checkpoints are present, and the configuration does not recover from
+    /// them ([`CheckpointConfig::recovering`]): they would be overwritten.
+    #[error(
+        "{location} already holds checkpoints: recover from them (CheckpointConfig::recovering), or use an empty \
+         location"
+    )]
+    NotEmpty {
+        /// The store.
+        location: String,
     },
     /// The checkpoints present cannot be used.
     #[error("no usable checkpoint in {location}: {reasons}")]
@@ -173,7 +177,7 @@ pub enum CheckpointError {
     /// The checkpoint was taken by a different dataflow.
     #[error(
         "checkpoint {id} was taken by a different dataflow (fingerprint {found}, this program's is {expected}); \
-         start without --recover in an empty checkpoint directory"
+         start afresh (not recovering) in an empty checkpoint directory"
     )]
     Fingerprint {
         /// The checkpoint.

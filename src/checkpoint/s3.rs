@@ -123,7 +123,7 @@ impl S3Store {
         }
         let client = builder.build().map_err(|source| CheckpointError::ObjectStore {
             what: format!("configuring the S3 client for bucket {bucket:?}"),
-            source,
+            source: source.into(),
         })?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -165,7 +165,7 @@ impl S3Store {
         key: &ObjectPath,
     ) -> impl FnOnce(object_store::Error) -> CheckpointError {
         let what = format!("{what} {}", self.url(key));
-        move |source| CheckpointError::ObjectStore { what, source }
+        move |source| CheckpointError::ObjectStore { what, source: source.into() }
     }
 
     /// Uploads the local file `from` to `key`.
@@ -280,8 +280,6 @@ impl CheckpointStore for S3Store {
             .map_err(io(local.display().to_string()))?
             .filter_map(|e| e.ok())
             .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-            // RocksDB's informational log is not part of the database.
-            .filter(|e| !e.file_name().to_string_lossy().starts_with("LOG"))
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         names.sort();
@@ -308,7 +306,9 @@ impl CheckpointStore for S3Store {
             }
             let key = self.shard_key(id, worker, &expected.name);
             let actual = self.download(&key, &path).map_err(|e| match e {
-                CheckpointError::ObjectStore { source, .. } if is_not_found(&source) => {
+                CheckpointError::ObjectStore { source, .. }
+                    if source.downcast_ref::<object_store::Error>().is_some_and(is_not_found) =>
+                {
                     CheckpointError::Corrupt { what: self.url(&key), reason: "missing".into() }
                 }
                 e => e,

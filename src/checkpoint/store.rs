@@ -1,8 +1,8 @@
 //! Checkpoint stores: where checkpoints are kept once written (a local
 //! directory, or S3-compatible object storage).
 //!
-//! A store holds, per checkpoint `id`, each worker's shard (the files of a
-//! RocksDB database) and the manifest. The manifest is put last and
+//! A store holds, per checkpoint `id`, each worker's shard (a directory of
+//! files, see [`shard`](super::shard)) and the manifest. The manifest is put last and
 //! atomically: a checkpoint without one does not exist.
 
 use std::io::{Read, Write};
@@ -47,7 +47,12 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
 /// Opens the store at `location`: `s3://bucket/prefix` or a directory.
 pub fn open_store(location: &str) -> Result<Box<dyn CheckpointStore>, CheckpointError> {
     if location.starts_with("s3://") {
+        #[cfg(feature = "s3")]
         return Ok(Box::new(super::s3::S3Store::open(location)?));
+        #[cfg(not(feature = "s3"))]
+        return Err(CheckpointError::Config(format!(
+            "{location}: this build of highwater has no S3 support (enable the `s3` feature of the highwater crate)"
+        )));
     }
     Ok(Box::new(LocalStore::open(PathBuf::from(location))?))
 }
@@ -127,8 +132,6 @@ impl CheckpointStore for LocalStore {
             .map_err(io(local.display().to_string()))?
             .filter_map(|e| e.ok())
             .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-            // RocksDB's informational log is not part of the database.
-            .filter(|e| !e.file_name().to_string_lossy().starts_with("LOG"))
             .map(|e| e.file_name())
             .collect();
         names.sort();

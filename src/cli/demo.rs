@@ -94,7 +94,6 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
                 |a: &Auction| a.id,
                 |h| h.key,
                 between(0, 30.secs() as i64),
-                0,
                 |a, h| {
                     format!(
                         "{} .. {}  auction {:>7}  category {}  {:>6} bids  \"{}\"",

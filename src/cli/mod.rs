@@ -63,8 +63,38 @@ pub fn main() -> i32 {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("error: {e:#}");
+            if let Some(hint) = hint(&e) {
+                eprintln!("hint: {hint}");
+            }
             1
         }
+    }
+}
+
+/// What to do about an error, in the command's terms: the library's errors
+/// name its API (`CheckpointConfig::recovering`), the command's user needs
+/// its flags.
+fn hint(error: &anyhow::Error) -> Option<&'static str> {
+    use crate::checkpoint::CheckpointError;
+    let checkpoint = error.chain().find_map(|e| {
+        e.downcast_ref::<CheckpointError>().or_else(|| {
+            e.downcast_ref::<crate::JobError>().and_then(|j| match j {
+                crate::JobError::Checkpoint(c) => Some(c),
+                _ => None,
+            })
+        })
+    });
+    match checkpoint {
+        Some(CheckpointError::NotEmpty { .. }) => {
+            Some("pass --recover to resume from those checkpoints, or give an empty --checkpoint-dir")
+        }
+        Some(CheckpointError::Fingerprint { .. }) => {
+            Some("this --checkpoint-dir belongs to another job: give this one an empty directory of its own")
+        }
+        _ if format!("{error:#}").contains("start afresh (not recovering)") => {
+            Some("run without --recover, with an empty --checkpoint-dir, or add a migration to the operator")
+        }
+        _ => None,
     }
 }
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::Outcome;
 use crate::checkpoint::manifest::{Manifest, MAGIC};
-use crate::checkpoint::shard::chunk_entries;
+use crate::checkpoint::shard::{chunk_entries, read_from, write_to, ReadError};
 use crate::checkpoint::FORMAT_VERSION;
 use crate::operators::checkpoint::{check_chunk, encode_chunk, Entry, Restored};
 
@@ -91,6 +91,47 @@ pub fn shard_chunk(data: &[u8]) -> Outcome {
         let mut all = entries.clone();
         all.sort();
         assert_eq!(read, all, "{workers} workers do not read the chunk's entries");
+    }
+    Outcome::Accepted
+}
+
+/// A worker's shard file, as recovery reads it
+/// ([`read_from`](crate::checkpoint::shard::read_from)): a header, then
+/// records of an operator's name and a chunk of entries. Checks that an
+/// accepted file's entries, written again as a shard, read back as the same
+/// operators' entries in the same order, and that a damaged file is an error
+/// (never a read past its end: the reader is told the file's length).
+pub fn shard_file(data: &[u8]) -> Outcome {
+    let read = |bytes: &[u8]| -> Result<Vec<(String, Vec<Entry>)>, String> {
+        let mut operators: Vec<(String, Vec<Entry>)> = Vec::new();
+        let mut damaged = None;
+        let result =
+            read_from(bytes, bytes.len() as u64, |name, chunk| match postcard::from_bytes::<Vec<Entry>>(&chunk) {
+                Ok(list) => match operators.last_mut() {
+                    Some((last, all)) if last == name => all.extend(list),
+                    _ => operators.push((name.to_owned(), list)),
+                },
+                Err(e) => damaged = Some(format!("a chunk passed the framing check but does not decode: {e}")),
+            });
+        if let Some(message) = damaged {
+            panic!("{message}");
+        }
+        match result {
+            Ok(()) => Ok(operators),
+            Err(ReadError::Corrupt(reason)) => Err(reason),
+            Err(ReadError::Io(e)) => panic!("the reader read past the length it was given: {e}"),
+        }
+    };
+    let operators = match read(data) {
+        Ok(operators) => operators,
+        Err(reason) => return Outcome::Rejected(reason),
+    };
+    let mut again = Vec::new();
+    let entries = write_to(&mut again, &operators).expect("writing to memory");
+    assert_eq!(entries, operators.iter().map(|(_, list)| list.len() as u64).sum::<u64>(), "write_to miscounts");
+    match read(&again) {
+        Ok(back) => assert_eq!(back, operators, "a shard written again reads as other entries"),
+        Err(reason) => panic!("a shard written again does not read: {reason}"),
     }
     Outcome::Accepted
 }

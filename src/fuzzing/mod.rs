@@ -13,11 +13,13 @@
 mod cep;
 mod checkpoint;
 mod json;
+#[cfg(feature = "postgres")]
 mod pgoutput;
 
 pub use cep::cep;
-pub use checkpoint::{manifest, shard_chunk};
+pub use checkpoint::{manifest, shard_chunk, shard_file};
 pub use json::{debezium, json_lines, nexmark, Click, Page};
+#[cfg(feature = "postgres")]
 pub use pgoutput::{encode_pgoutput, pgoutput};
 
 /// What a parser made of a fuzz input (that it did not panic and passed

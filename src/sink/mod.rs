@@ -2,7 +2,7 @@
 //!
 //! A [`Sink`] takes the updates of a stream and learns when the watermark
 //! passes them ([`Sink::advance`]), which is where a transactional sink will
-//! commit; [`write`] runs one on worker 0 or on every worker. The embedded
+//! commit; [`write()`] runs one on worker 0 or on every worker. The embedded
 //! sinks write lines (CSV or JSON) to a file or stdout, in append or table mode
 //! ([`write_lines`]); [`collect`] gathers updates in memory for tests and
 //! notebooks.
@@ -11,6 +11,7 @@ mod collect;
 mod csv;
 mod lines;
 mod parts;
+#[cfg(feature = "postgres")]
 mod postgres;
 
 use std::sync::{Arc, Mutex};
@@ -20,6 +21,7 @@ use highwater_operators::{Counter, EventStream, Timestamp, Update};
 use timely::dataflow::channels::pact::Exchange;
 use timely::dataflow::operators::generic::Operator;
 
+#[cfg(feature = "postgres")]
 pub use self::postgres::{
     parse_csv_line, write_postgres, CsvLineError, PostgresCommitter, PostgresSinkConfig, PostgresSinkError,
 };

@@ -10,7 +10,8 @@
 //! keyed stream: events of a key wait until the watermark passes them and are
 //! then matched in event-time order, whatever order they arrived in; a match
 //! goes out at its last event's time. With an allowed lateness
-//! ([`EventStream::match_pattern_with_lateness`]), an event that comes after
+//! (`events.allowed_lateness(d).key_by(..).pattern(..)`, see
+//! [`WithLateness`](crate::WithLateness)), an event that comes after
 //! the watermark passed it but within the lateness replays its key's recent
 //! events, and the matches and time-outs that change are corrected (retracted,
 //! and the new ones emitted); without, outputs are final and late events go to
@@ -72,7 +73,7 @@ use crate::state::{
     ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot, Stateful, Timers,
 };
 use crate::stream::{EventStream, Update};
-use crate::time::{arrival_time, watermark_of, Timestamp};
+use crate::time::{arrival_time, watermark_of, AllowedLateness, Timestamp};
 
 pub use pattern::{AfterMatchSkip, Contiguity, Greed, Matched, Pattern, PatternError, Predicate, StepKind};
 
@@ -125,6 +126,13 @@ fn to_match<K, E: Clone>(key: K, names: &[Arc<str>], found: &Found<E>) -> Match<
 pub struct KeyedEvents<'scope, E: 'static, KF> {
     stream: EventStream<'scope, E>,
     key: KF,
+    lateness: AllowedLateness,
+}
+
+impl<'scope, E: 'static, KF> KeyedEvents<'scope, E, KF> {
+    pub(crate) fn into_parts(self) -> (EventStream<'scope, E>, KF, AllowedLateness) {
+        (self.stream, self.key, self.lateness)
+    }
 }
 
 impl<E: 'static, KF> std::fmt::Debug for KeyedEvents<'_, E, KF> {
@@ -134,10 +142,20 @@ impl<E: 'static, KF> std::fmt::Debug for KeyedEvents<'_, E, KF> {
 }
 
 impl<'scope, E: Data> EventStream<'scope, E> {
-    /// The stream keyed by `key`, to match patterns per key:
-    /// `events.key_by(|e| e.user).pattern(pattern)`.
+    /// The stream keyed by `key`: to match patterns per key
+    /// (`events.key_by(|e| e.user).pattern(pattern)`), or to window per key
+    /// (`events.key_by(|e| e.user).window(Tumbling::of(10.secs()))`, the
+    /// same as `window(..).key_by(..)`).
     pub fn key_by<K: Key, KF: Fn(&E) -> K + 'static>(&self, key: KF) -> KeyedEvents<'scope, E, KF> {
-        KeyedEvents { stream: self.clone(), key }
+        KeyedEvents { stream: self.clone(), key, lateness: AllowedLateness::ZERO }
+    }
+}
+
+impl<'scope, E: Data> crate::late::WithLateness<'scope, E> {
+    /// The stream keyed by `key`, for a pattern or windows that accept
+    /// records up to the allowed lateness; see [`EventStream::key_by`].
+    pub fn key_by<K: Key, KF: Fn(&E) -> K + 'static>(&self, key: KF) -> KeyedEvents<'scope, E, KF> {
+        KeyedEvents { stream: self.stream.clone(), key, lateness: self.lateness }
     }
 }
 
@@ -169,37 +187,13 @@ pub trait PatternExt<'scope, E: 'static, K: 'static> {
     /// # Errors
     /// If the pattern is invalid.
     fn pattern(self, pattern: Pattern<E>) -> Result<Matches<'scope, K, E>, PatternError>;
-
-    /// Matches `pattern` with an allowed lateness; see
-    /// [`EventStream::match_pattern_with_lateness`].
-    ///
-    /// # Errors
-    /// If the pattern is invalid.
-    fn pattern_with_lateness(
-        self,
-        pattern: Pattern<E>,
-        allowed_lateness: u64,
-    ) -> Result<Matches<'scope, K, E>, PatternError>
-    where
-        E: PartialEq;
 }
 
 impl<'scope, E: Data + Sync, K: Key, KF: Fn(&E) -> K + 'static> PatternExt<'scope, E, K>
     for KeyedEvents<'scope, E, KF>
 {
     fn pattern(self, pattern: Pattern<E>) -> Result<Matches<'scope, K, E>, PatternError> {
-        self.stream.match_pattern(self.key, pattern)
-    }
-
-    fn pattern_with_lateness(
-        self,
-        pattern: Pattern<E>,
-        allowed_lateness: u64,
-    ) -> Result<Matches<'scope, K, E>, PatternError>
-    where
-        E: PartialEq,
-    {
-        self.stream.match_pattern_with_lateness(self.key, pattern, allowed_lateness)
+        self.stream.match_pattern_core(self.key, pattern, self.lateness)
     }
 }
 
@@ -333,44 +327,23 @@ impl<'scope, E: Data + Sync> EventStream<'scope, E> {
         K: Key,
         KF: Fn(&E) -> K + 'static,
     {
-        self.match_pattern_core(key, pattern, None)
-    }
-
-    /// [`match_pattern`](Self::match_pattern), with events accepted up to
-    /// `allowed_lateness` ms after the watermark passed them: a late event
-    /// replays its key's events since the watermark minus the lateness, and
-    /// the outputs that change are corrected (a retraction of a match or
-    /// time-out that no longer holds, an insertion of a new one, at the time
-    /// the late event arrived). Events later still go to the late output.
-    /// Each key keeps its events of the last `allowed_lateness` ms for this.
-    ///
-    /// # Errors
-    /// If the pattern is invalid ([`Pattern::validate`]).
-    pub fn match_pattern_with_lateness<K, KF>(
-        &self,
-        key: KF,
-        pattern: Pattern<E>,
-        allowed_lateness: u64,
-    ) -> Result<Matches<'scope, K, E>, PatternError>
-    where
-        E: PartialEq,
-        K: Key,
-        KF: Fn(&E) -> K + 'static,
-    {
-        let same: SameOutput<K, E> = Rc::new(|a, b| a == b);
-        self.match_pattern_core(key, pattern, (allowed_lateness > 0).then_some((allowed_lateness, same)))
+        self.match_pattern_core(key, pattern, AllowedLateness::ZERO)
     }
 
     fn match_pattern_core<K, KF>(
         &self,
         key: KF,
         pattern: Pattern<E>,
-        lateness: Option<(u64, SameOutput<K, E>)>,
+        lateness: AllowedLateness,
     ) -> Result<Matches<'scope, K, E>, PatternError>
     where
         K: Key,
         KF: Fn(&E) -> K + 'static,
     {
+        // Outputs are compared by their encoding, so events need no `PartialEq`.
+        let same: SameOutput<K, E> =
+            Rc::new(|a, b| postcard::to_allocvec(a).ok().is_some_and(|a| postcard::to_allocvec(b).ok() == Some(a)));
+        let lateness = (lateness.0 > 0).then_some((lateness.0, same));
         pattern.validate()?;
         let matcher = Matcher::new(pattern);
         let key = Rc::new(key);

@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::nfa::Node;
+use crate::time::IntoMillis;
 
 /// The events a partial match has taken so far, by step, for predicates that
 /// look back (e.g. "a higher price than the first step's").
@@ -337,10 +338,10 @@ impl<E: 'static> Pattern<E> {
         self
     }
 
-    /// Every event of a match lies less than `ms` after its first event
+    /// Every event of a match lies less than `bound` after its first event
     /// (event time); partial matches that cannot complete in time time out.
-    pub fn within(mut self, ms: u64) -> Self {
-        self.within = Some(ms);
+    pub fn within(mut self, bound: impl IntoMillis) -> Self {
+        self.within = Some(bound.into_millis());
         self
     }
 

@@ -109,6 +109,34 @@ pub struct AsOfJoined<'scope, O: 'static, D: 'static> {
     pub late: LateOutput<'scope, D>,
 }
 
+impl<'scope, D: Data> crate::late::WithLateness<'scope, D> {
+    /// [`EventStream::join_as_of`] for events that arrive up to the allowed
+    /// lateness after the watermark passed them.
+    pub fn join_as_of<K, V, KF>(&self, table: &Table<'scope, K, V>, key: KF) -> AsOfJoined<'scope, (D, V), D>
+    where
+        K: Key,
+        V: Data + PartialEq,
+        KF: Fn(&D) -> K + 'static,
+    {
+        self.stream.as_of_core("JoinAsOf", table, key, self.lateness, |d, v| v.map(|v| (d, v.clone())))
+    }
+
+    /// [`EventStream::left_join_as_of`] for events that arrive up to the
+    /// allowed lateness after the watermark passed them.
+    pub fn left_join_as_of<K, V, KF>(
+        &self,
+        table: &Table<'scope, K, V>,
+        key: KF,
+    ) -> AsOfJoined<'scope, (D, Option<V>), D>
+    where
+        K: Key,
+        V: Data + PartialEq,
+        KF: Fn(&D) -> K + 'static,
+    {
+        self.stream.as_of_core("LeftJoinAsOf", table, key, self.lateness, |d, v| Some((d, v.cloned())))
+    }
+}
+
 impl<'scope, D: Data> EventStream<'scope, D> {
     /// Enriches each event with the table's value for its key *as of the
     /// event's time* (an event-time temporal join, as in Flink's `FOR
@@ -120,8 +148,8 @@ impl<'scope, D: Data> EventStream<'scope, D> {
     /// its arrival if that is later. Results are final: a table change that
     /// arrives later (within its own lateness) affects only events joined after
     /// it (use [`join_updating`](Self::join_updating) for results that follow
-    /// the table). Events that arrive after their time plus `allowed_lateness`
-    /// go to the late output. The table's versions are kept only as far back
+    /// the table). Events that arrive after their time plus the allowed lateness
+    /// go to the late output (see [`WithLateness`](crate::WithLateness)). The table's versions are kept only as far back
     /// as an event can still arrive. With checkpoints on, a checkpoint holds
     /// the table's versions by key and the events still waiting.
     ///
@@ -134,28 +162,23 @@ impl<'scope, D: Data> EventStream<'scope, D> {
     /// let captured = timely::example(|scope| {
     ///     // Exchange rates of currency 1: 10 from t=0, 12 from t=100.
     ///     let rates = vec![((1u8, Some(10u32)), 0u64, 1i64), ((1, Some(12)), 100, 1)];
-    ///     let rates = EventStream::new(rates.to_stream(scope)).upsert(0).table;
+    ///     let rates = EventStream::new(rates.to_stream(scope)).upsert().table;
     ///     // Payments (currency, amount) at t=50 and t=150; currency 2 has no rate.
     ///     let payments = vec![((1u8, 7u32), 50u64, 1i64), ((1, 7), 150, 1), ((2, 5), 60, 1)];
     ///     let payments = EventStream::new(payments.to_stream(scope));
-    ///     payments.join_as_of(&rates, |p| p.0, 0).results.map(|((_, amount), rate)| amount * rate).inner.capture()
+    ///     payments.join_as_of(&rates, |p| p.0).results.map(|((_, amount), rate)| amount * rate).inner.capture()
     /// });
     /// let mut out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).collect();
     /// out.sort();
     /// assert_eq!(out, vec![(70, 50, 1), (84, 150, 1)]);
     /// ```
-    pub fn join_as_of<K, V, KF>(
-        &self,
-        table: &Table<'scope, K, V>,
-        key: KF,
-        allowed_lateness: u64,
-    ) -> AsOfJoined<'scope, (D, V), D>
+    pub fn join_as_of<K, V, KF>(&self, table: &Table<'scope, K, V>, key: KF) -> AsOfJoined<'scope, (D, V), D>
     where
         K: Key,
         V: Data + PartialEq,
         KF: Fn(&D) -> K + 'static,
     {
-        self.as_of_core("JoinAsOf", table, key, allowed_lateness, |d, v| v.map(|v| (d, v.clone())))
+        self.as_of_core("JoinAsOf", table, key, AllowedLateness::ZERO, |d, v| v.map(|v| (d, v.clone())))
     }
 
     /// [`join_as_of`](Self::join_as_of), keeping events without a value (with
@@ -164,22 +187,21 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         &self,
         table: &Table<'scope, K, V>,
         key: KF,
-        allowed_lateness: u64,
     ) -> AsOfJoined<'scope, (D, Option<V>), D>
     where
         K: Key,
         V: Data + PartialEq,
         KF: Fn(&D) -> K + 'static,
     {
-        self.as_of_core("LeftJoinAsOf", table, key, allowed_lateness, |d, v| Some((d, v.cloned())))
+        self.as_of_core("LeftJoinAsOf", table, key, AllowedLateness::ZERO, |d, v| Some((d, v.cloned())))
     }
 
-    fn as_of_core<K, V, KF, O, F>(
+    pub(crate) fn as_of_core<K, V, KF, O, F>(
         &self,
         name: &str,
         table: &Table<'scope, K, V>,
         key: KF,
-        allowed_lateness: u64,
+        lateness: AllowedLateness,
         output: F,
     ) -> AsOfJoined<'scope, O, D>
     where
@@ -203,7 +225,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         let mut join = AsOfJoin {
             key,
             output,
-            lateness: AllowedLateness(allowed_lateness),
+            lateness,
             counter: count.clone(),
             due: Timers::default(),
             hold: Hold::default(),

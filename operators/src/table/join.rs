@@ -31,7 +31,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
     /// let captured = timely::example(|scope| {
     ///     // The price of product 7 is 3 from t=0 and 4 from t=20; an order comes at t=10.
     ///     let prices = vec![((7u32, Some(3)), 0u64, 1i64), ((7, Some(4)), 20, 1)];
-    ///     let table = EventStream::new(prices.to_stream(scope)).upsert(0).table;
+    ///     let table = EventStream::new(prices.to_stream(scope)).upsert().table;
     ///     let orders = EventStream::new(vec![(7u32, 10u64, 1i64)].to_stream(scope));
     ///     orders.join_updating(&table, |product| *product).inner.capture()
     /// });
@@ -68,8 +68,8 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
     ///     // order -> customer, customer -> name
     ///     let orders = vec![((1u32, Some(10u32)), 5u64, 1i64), ((2, Some(11)), 6, 1)];
     ///     let customers = vec![((10u32, Some('a')), 1u64, 1i64), ((10, Some('b')), 8, 1)];
-    ///     let orders = EventStream::new(orders.to_stream(scope)).upsert(0).table;
-    ///     let customers = EventStream::new(customers.to_stream(scope)).upsert(0).table;
+    ///     let orders = EventStream::new(orders.to_stream(scope)).upsert().table;
+    ///     let customers = EventStream::new(customers.to_stream(scope)).upsert().table;
     ///     orders.join(&customers, |_order, customer| *customer).inner.capture()
     /// });
     /// let mut out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).collect();
@@ -102,8 +102,8 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
     ///
     /// let captured = timely::example(|scope| {
     ///     // Order 1 belongs to customer 10, who appears at t=8.
-    ///     let orders = EventStream::new(vec![((1u32, Some(10u32)), 5u64, 1i64)].to_stream(scope)).upsert(0).table;
-    ///     let customers = EventStream::new(vec![((10u32, Some('a')), 8u64, 1i64)].to_stream(scope)).upsert(0).table;
+    ///     let orders = EventStream::new(vec![((1u32, Some(10u32)), 5u64, 1i64)].to_stream(scope)).upsert().table;
+    ///     let customers = EventStream::new(vec![((10u32, Some('a')), 8u64, 1i64)].to_stream(scope)).upsert().table;
     ///     orders.left_join(&customers, |_, customer| *customer).inner.capture()
     /// });
     /// let mut out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).collect();
@@ -137,10 +137,10 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
     /// use timely::dataflow::operators::capture::{Capture, Extract};
     ///
     /// let captured = timely::example(|scope| {
-    ///     let orders = EventStream::new(vec![((1u32, Some(10u32)), 5u64, 1i64)].to_stream(scope)).upsert(0).table;
+    ///     let orders = EventStream::new(vec![((1u32, Some(10u32)), 5u64, 1i64)].to_stream(scope)).upsert().table;
     ///     // Customer 11 has no order.
     ///     let customers = vec![((10u32, Some('a')), 1u64, 1i64), ((11, Some('b')), 1, 1)];
-    ///     let customers = EventStream::new(customers.to_stream(scope)).upsert(0).table;
+    ///     let customers = EventStream::new(customers.to_stream(scope)).upsert().table;
     ///     orders.full_join(&customers, |_, customer| *customer).inner.capture()
     /// });
     /// let mut net = std::collections::BTreeMap::new();

@@ -29,9 +29,9 @@
 //!         ((1, tier("silver")), 50, 1),
 //!         ((2, None), 60, 1),
 //!     ];
-//!     let table = EventStream::new(upserts.to_stream(scope)).upsert(0).table;
+//!     let table = EventStream::new(upserts.to_stream(scope)).upsert().table;
 //!     let clicks = EventStream::new(vec![(1u64, 10u64, 1i64), (2, 30, 1), (1, 55, 1), (2, 70, 1)].to_stream(scope));
-//!     clicks.left_join_as_of(&table, |user| *user, 0).results.inner.capture()
+//!     clicks.left_join_as_of(&table, |user| *user).results.inner.capture()
 //! });
 //! let mut out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).collect();
 //! out.sort();
@@ -132,7 +132,8 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
     /// older than one already applied changes the table only until the newer
     /// one, and the changelog says so with updates at both times. An upsert
     /// with a negative diff undoes an equal upsert at the same time. Upserts
-    /// that arrive after their time plus `allowed_lateness` go to the late
+    /// that arrive after their time plus the allowed lateness (see
+    /// [`WithLateness`](crate::WithLateness)) go to the late
     /// output. A key's history is kept only as far back as a record can still
     /// arrive, and a deleted key is forgotten, so the state is the table itself.
     ///
@@ -148,7 +149,7 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
     /// let captured = timely::example(|scope| {
     ///     // The update at 30 arrives before the insert at 10.
     ///     let upserts = vec![((7u32, Some('b')), 30u64, 1i64), ((7, Some('a')), 10, 1), ((7, None), 40, 1)];
-    ///     EventStream::new(upserts.to_stream(scope)).upsert(0).table.changelog().inner.capture()
+    ///     EventStream::new(upserts.to_stream(scope)).upsert().table.changelog().inner.capture()
     /// });
     /// let mut log: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).collect();
     /// log.sort_by_key(|(kv, t, d)| (*t, *d, *kv));
@@ -160,8 +161,11 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
     ///     ((10, (7, 'a')), 1), ((30, (7, 'a')), -1), ((30, (7, 'b')), 1), ((40, (7, 'b')), -1),
     /// ]);
     /// ```
-    pub fn upsert(&self, allowed_lateness: u64) -> Upserted<'scope, K, V> {
-        let lateness = AllowedLateness(allowed_lateness);
+    pub fn upsert(&self) -> Upserted<'scope, K, V> {
+        self.upsert_with(AllowedLateness::ZERO)
+    }
+
+    fn upsert_with(&self, lateness: AllowedLateness) -> Upserted<'scope, K, V> {
         let stateful = Stateful::<Upserts<K, V>>::new("Upsert", &self.scope());
         let gated = stateful.keyed_input(self, |u: &Update<(K, Option<V>)>| route(&(u.0).0));
         let mut builder = stateful.builder(&self.scope());
@@ -207,6 +211,14 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
             }
         });
         Upserted { table: Table { changelog: log }, late: LateOutput { stream: late, count } }
+    }
+}
+
+impl<'scope, K: Key, V: Data + PartialEq> crate::late::WithLateness<'scope, (K, Option<V>)> {
+    /// Builds a table from upserts that arrive up to the allowed lateness
+    /// after the watermark passed them; see [`EventStream::upsert`].
+    pub fn upsert(&self) -> Upserted<'scope, K, V> {
+        self.stream.upsert_with(self.lateness)
     }
 }
 

@@ -181,7 +181,7 @@ impl<K: Key + Sync, V: Data + Sync> Shard<K, V> {
 /// timely::example(move |scope| {
 ///     // (user, Some(score)) upserts
 ///     let upserts = vec![((1u32, Some(3)), 1u64, 1i64), ((2, Some(5)), 2, 1), ((1, Some(4)), 3, 1)];
-///     EventStream::new(upserts.to_stream(scope)).upsert(0).table.serve(&served);
+///     EventStream::new(upserts.to_stream(scope)).upsert().table.serve(&served);
 /// });
 /// assert_eq!(reader.get(&1), Some(4));
 /// assert_eq!(reader.get(&3), None);

@@ -39,6 +39,61 @@ pub fn parse_duration(text: &str) -> Result<u64, DurationError> {
     n.checked_mul(scale).ok_or_else(err)
 }
 
+/// A duration, as every highwater function that takes one accepts it:
+/// milliseconds as an integer (`250`, `10.secs()`, `2.minutes()`), a
+/// [`std::time::Duration`], or a [`Millis`] from configuration. Event time
+/// is kept in whole milliseconds: a `Duration` is truncated to them (and
+/// saturates at `u64::MAX`), and a negative integer counts as zero.
+///
+/// ```
+/// use std::time::Duration;
+/// use highwater_operators::time::{IntoMillis, Millis};
+/// use highwater_operators::DurationExt;
+/// assert_eq!(Duration::from_secs(4).into_millis(), 4_000);
+/// assert_eq!(4.secs().into_millis(), 4_000);
+/// assert_eq!(250.into_millis(), 250);
+/// assert_eq!(Millis(7).into_millis(), 7);
+/// assert_eq!((-5i64).into_millis(), 0);
+/// ```
+pub trait IntoMillis {
+    /// The duration in milliseconds.
+    fn into_millis(self) -> u64;
+}
+
+impl IntoMillis for std::time::Duration {
+    fn into_millis(self) -> u64 {
+        u64::try_from(self.as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+impl IntoMillis for Millis {
+    fn into_millis(self) -> u64 {
+        self.0
+    }
+}
+
+macro_rules! unsigned_millis {
+    ($($t:ty),*) => {$(
+        impl IntoMillis for $t {
+            fn into_millis(self) -> u64 {
+                self as u64
+            }
+        }
+    )*};
+}
+unsigned_millis!(u64, u32, u16, u8, usize);
+
+macro_rules! signed_millis {
+    ($($t:ty),*) => {$(
+        impl IntoMillis for $t {
+            fn into_millis(self) -> u64 {
+                self.max(0) as u64
+            }
+        }
+    )*};
+}
+signed_millis!(i64, i32, i16, i8, isize);
+
 /// A duration in milliseconds that reads and writes as text (`"4s"`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Millis(pub u64);

@@ -76,9 +76,10 @@ impl Default for WatermarkStrategy {
 }
 
 impl WatermarkStrategy {
-    /// Bounded out-of-orderness with a delay of `bound` ms.
-    pub fn bounded(bound: u64) -> Self {
-        WatermarkStrategy::BoundedOutOfOrderness { bound }
+    /// Bounded out-of-orderness: the watermark `bound` behind the greatest
+    /// event time seen.
+    pub fn bounded(bound: impl super::IntoMillis) -> Self {
+        WatermarkStrategy::BoundedOutOfOrderness { bound: bound.into_millis() }
     }
 
     /// The watermark after seeing `max_seen` as the greatest event time.

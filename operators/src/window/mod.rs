@@ -55,7 +55,7 @@ use crate::key::{Data, Key};
 use crate::late::{Counter, LateOutput};
 use crate::state::{OperatorState, Stateful, StatefulBuilder};
 use crate::stream::{EventStream, Update};
-use crate::time::{AllowedLateness, Timestamp};
+use crate::time::{AllowedLateness, IntoMillis, Timestamp};
 
 pub use count::CountWindows;
 pub use global::{
@@ -193,13 +193,14 @@ impl Tumbling {
     ///
     /// # Panics
     /// If `size` is zero.
-    pub fn of(size: u64) -> Self {
+    pub fn of(size: impl IntoMillis) -> Self {
+        let size = size.into_millis();
         assert!(size > 0, "a tumbling window has a positive size");
         Tumbling { size, offset: 0 }
     }
     /// Shifts the windows by `offset` ms: `[k·size + offset, (k+1)·size + offset)`.
-    pub fn offset(mut self, offset: u64) -> Self {
-        self.offset = offset % self.size;
+    pub fn offset(mut self, offset: impl IntoMillis) -> Self {
+        self.offset = offset.into_millis() % self.size;
         self
     }
 }
@@ -225,7 +226,8 @@ impl Sliding {
     ///
     /// # Panics
     /// If `slide` is zero or larger than `size`.
-    pub fn of(size: u64, slide: u64) -> Self {
+    pub fn of(size: impl IntoMillis, slide: impl IntoMillis) -> Self {
+        let (size, slide) = (size.into_millis(), slide.into_millis());
         assert!(slide > 0 && slide <= size, "a sliding window needs 0 < slide <= size");
         Sliding { size, slide }
     }
@@ -343,14 +345,35 @@ impl<'scope, D: Data> EventStream<'scope, D> {
     /// Groups the stream into windows (of all records together until
     /// [`WindowedStream::key_by`] names a key).
     pub fn window<W: WindowSpec<D>>(&self, windows: W) -> WindowedStream<'scope, D, W, fn(&D)> {
+        self.window_with(windows, AllowedLateness::ZERO)
+    }
+
+    fn window_with<W: WindowSpec<D>>(
+        &self,
+        windows: W,
+        lateness: AllowedLateness,
+    ) -> WindowedStream<'scope, D, W, fn(&D)> {
         fn unit<D>(_: &D) {}
-        WindowedStream {
-            stream: self.clone(),
-            windows,
-            key: unit::<D>,
-            lateness: AllowedLateness::ZERO,
-            name: "Window".to_owned(),
-        }
+        WindowedStream { stream: self.clone(), windows, key: unit::<D>, lateness, name: "Window".to_owned() }
+    }
+}
+
+impl<'scope, D: Data> crate::late::WithLateness<'scope, D> {
+    /// Groups the stream into windows that accept records up to the allowed
+    /// lateness after their end; see [`EventStream::window`].
+    pub fn window<W: WindowSpec<D>>(&self, windows: W) -> WindowedStream<'scope, D, W, fn(&D)> {
+        self.stream.window_with(windows, self.lateness)
+    }
+}
+
+impl<'scope, E: Data, KF> crate::cep::KeyedEvents<'scope, E, KF> {
+    /// Groups the keyed stream into windows, one result per window and key
+    /// (Flink's order: `key_by(..).window(..)`, the same as
+    /// `window(..).key_by(..)`), with the allowed lateness given before
+    /// [`key_by`](EventStream::key_by), if any.
+    pub fn window<W: WindowSpec<E>>(self, windows: W) -> WindowedStream<'scope, E, W, KF> {
+        let (stream, key, lateness) = self.into_parts();
+        WindowedStream { stream, windows, key, lateness, name: "Window".to_owned() }
     }
 }
 
@@ -360,9 +383,9 @@ impl<'scope, D: Data, W: WindowSpec<D>, KF> WindowedStream<'scope, D, W, KF> {
         WindowedStream { stream: self.stream, windows: self.windows, key, lateness: self.lateness, name: self.name }
     }
 
-    /// Lets records up to `ms` milliseconds after a window's end correct it.
-    pub fn allowed_lateness(mut self, ms: u64) -> Self {
-        self.lateness = AllowedLateness(ms);
+    /// Lets records up to `lateness` after a window's end correct it.
+    pub fn allowed_lateness(mut self, lateness: impl IntoMillis) -> Self {
+        self.lateness = AllowedLateness(lateness.into_millis());
         self
     }
 

@@ -14,7 +14,7 @@ use crate::state::{
     give_all, ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot, Timers,
 };
 use crate::stream::{EventStream, Update};
-use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp};
+use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, IntoMillis, Timestamp};
 
 /// Gap-based session windows.
 ///
@@ -64,8 +64,8 @@ pub struct Session {
 
 impl Session {
     /// Sessions that close after `gap` ms without a record.
-    pub fn with_gap(gap: u64) -> Self {
-        Session { gap }
+    pub fn with_gap(gap: impl IntoMillis) -> Self {
+        Session { gap: gap.into_millis() }
     }
 }
 

@@ -76,7 +76,7 @@ impl StateStore for ProbeRuntime {
 /// Runs `build` with a one-worker timely configuration under which the job's
 /// dataflow is to be built (and run to its end, so give it no input), e.g.
 /// with `timely::execute`, and records what its operators declare: for
-/// [`Checkpoints::check_dataflow`] before the workers start.
+/// `Checkpoints::check_dataflow` before the workers start.
 pub fn probe<R>(build: impl FnOnce(timely::Config) -> R) -> (DataflowProbe, R) {
     let runtime = ProbeRuntime::default();
     let mut config = timely::Config::thread();

@@ -41,7 +41,8 @@ impl RestoredState {
         }
         Some(format!(
             "operator {operator}: checkpoint {} holds its state as {found}, this program's is {schema}, with \
-             no migration from v{}; start without --recover in an empty checkpoint directory, or add a migration",
+             no migration from v{}; start afresh (not recovering) in an empty checkpoint directory, or add a \
+             migration (OperatorState::MIGRATES_FROM, KeyedProcess::MIGRATES_FROM)",
             self.manifest.id, found.version
         ))
     }
@@ -112,10 +113,7 @@ pub(super) fn choose_checkpoint(
 ) -> Result<Option<Manifest>, CheckpointError> {
     if !config.recover {
         if !store.list()?.is_empty() {
-            return Err(CheckpointError::Config(format!(
-                "{} already holds checkpoints: pass --recover to resume from them, or use an empty directory",
-                store.describe()
-            )));
+            return Err(CheckpointError::NotEmpty { location: store.describe() });
         }
         return Ok(None);
     }

@@ -9,6 +9,7 @@
 //! [`run_until_failed`] (`metrics.rs`).
 
 mod board;
+mod builder;
 mod credit;
 mod cuts;
 mod metrics;
@@ -16,6 +17,7 @@ mod options;
 mod partition;
 
 pub use board::WatermarkBoard;
+pub use builder::Read;
 pub use metrics::{run_until_failed, Failing, JobFailed, SourceMetrics};
 pub use options::{RetryPolicy, SourceOptions};
 

@@ -17,13 +17,13 @@ pub struct SourceOptions {
     /// A partition with no records for this long stops holding the watermark.
     pub idle_timeout: Option<Duration>,
     /// Records per read call (for partitions that take turns, once a
-    /// partition has read its first record; see [`read`]). The partition's watermark
+    /// partition has read its first record; see [`read`](crate::source::read())). The partition's watermark
     /// advances between calls, and a call's records go out at the watermark
     /// before it: a file small enough for one call shows no late records;
     /// `1` judges every record against the ones before it.
     pub batch_size: usize,
     /// Records read but not yet past the probe (the sinks' frontier) above which
-    /// the source pauses; see [`read`].
+    /// the source pauses; see [`read`](crate::source::read()).
     pub max_in_flight: usize,
     /// Offsets to start partitions from (by partition index), e.g. on recovery.
     pub start_offsets: Vec<(usize, Offset)>,

@@ -68,7 +68,10 @@ pub fn expected() -> Vec<String> {
             None => open.remove(&u.order),
         };
     }
-    open.into_iter().map(|(order, amount)| format!("{order},{amount}")).collect()
+    let mut rows: Vec<String> = open.into_iter().map(|(order, amount)| format!("{order},{amount}")).collect();
+    // As the view file holds them: sorted as text.
+    rows.sort();
+    rows
 }
 
 /// A view file: the table of rows as of the watermark.

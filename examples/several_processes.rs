@@ -122,9 +122,15 @@ pub fn written(out: &Path) -> anyhow::Result<Vec<String>> {
     Ok(rows)
 }
 
-/// Starts `processes` processes of `workers` workers each (this program,
-/// `exe`), on free local ports, writing into `out`; waits for them.
-pub fn launch(exe: &Path, out: &Path, processes: usize, workers: usize) -> anyhow::Result<()> {
+/// Starts `processes` processes of `workers` workers each, on free local
+/// ports, writing into `out`; waits for them. Each is `program(args)`: this
+/// program, given the arguments of its [`run`].
+pub fn launch(
+    program: impl Fn(Vec<String>) -> Command,
+    out: &Path,
+    processes: usize,
+    workers: usize,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(out)?;
     let hosts = out.with_extension("hosts");
     let mut list = String::new();
@@ -135,12 +141,12 @@ pub fn launch(exe: &Path, out: &Path, processes: usize, workers: usize) -> anyho
     std::fs::write(&hosts, list)?;
     let children: Vec<_> = (0..processes)
         .map(|p| {
-            Command::new(exe)
-                .arg(out)
-                .args(["-w", &workers.to_string(), "-n", &processes.to_string(), "-p", &p.to_string()])
-                .arg("-h")
-                .arg(&hosts)
-                .spawn()
+            let mut args = vec![out.display().to_string()];
+            for (flag, value) in [("-w", workers), ("-n", processes), ("-p", p)] {
+                args.extend([flag.to_owned(), value.to_string()]);
+            }
+            args.extend(["-h".to_owned(), hosts.display().to_string()]);
+            program(args).spawn()
         })
         .collect::<Result<_, _>>()?;
     for (p, mut child) in children.into_iter().enumerate() {
@@ -157,7 +163,13 @@ fn main() -> anyhow::Result<()> {
         Some((out, timely_args)) => run(Path::new(out), timely_args),
         None => {
             let out = std::env::temp_dir().join(format!("highwater-several-processes-{}", std::process::id()));
-            launch(&std::env::current_exe()?, &out, 2, 2)?;
+            let exe = std::env::current_exe()?;
+            let program = |args: Vec<String>| {
+                let mut command = Command::new(&exe);
+                command.args(args);
+                command
+            };
+            launch(program, &out, 2, 2)?;
             let rows = written(&out)?;
             let _ = std::fs::remove_dir_all(&out);
             anyhow::ensure!(rows == expected(), "the workers' rows differ from the counts computed directly");

@@ -24,8 +24,6 @@ mod several_processes;
 #[path = "common/crash.rs"]
 mod crash;
 
-use std::path::PathBuf;
-
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
@@ -61,21 +59,31 @@ fn late_records_correct_their_windows_or_go_to_the_late_output() {
     }
 }
 
-/// The example binary, built next to this test's (`cargo test` builds the
-/// examples before it runs the tests).
-fn example_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
-    let path = dir.join("examples").join(name);
-    assert!(path.exists(), "{} is missing: run with `cargo test --examples --tests`", path.display());
-    path
+/// Set in the processes [`a_job_on_two_processes_counts_every_word_once`]
+/// starts: this test binary, running [`one_process_of_the_job`] only.
+const PROCESS: &str = "HIGHWATER_TEST_EXAMPLE_PROCESS";
+
+/// One process of the job, when this test binary is started as one: the
+/// example's `run` with the arguments in the variable, one per line.
+#[test]
+fn one_process_of_the_job() {
+    let Ok(args) = std::env::var(PROCESS) else { return };
+    let args: Vec<String> = args.lines().map(str::to_owned).collect();
+    let (out, timely_args) = args.split_first().expect("the output directory and timely's arguments");
+    several_processes::run(std::path::Path::new(out), timely_args).unwrap();
 }
 
 #[test]
 fn a_job_on_two_processes_counts_every_word_once() {
     let dir = crash::Scratch::new("examples", "several-processes");
     let out = dir.0.join("out");
-    several_processes::launch(&example_binary("several_processes"), &out, 2, 2).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let program = |args: Vec<String>| {
+        let mut command = std::process::Command::new(&exe);
+        command.args(["--exact", "one_process_of_the_job", "--nocapture"]).env(PROCESS, args.join("\n"));
+        command
+    };
+    several_processes::launch(program, &out, 2, 2).unwrap();
     let rows = several_processes::written(&out).unwrap();
     assert_eq!(rows, several_processes::expected());
     // Every worker of both processes computed some of them.

@@ -53,7 +53,7 @@ pub fn partitions() -> Vec<Vec<Line>> {
         .collect()
 }
 
-/// `window_start,word,count` rows, computed directly, sorted.
+/// `window_start,word,count` rows, computed directly, sorted as text.
 pub fn expected() -> Vec<String> {
     let mut counts: BTreeMap<(u64, String), u64> = BTreeMap::new();
     for line in partitions().into_iter().flatten() {
@@ -61,7 +61,9 @@ pub fn expected() -> Vec<String> {
             *counts.entry((line.time / 5_000 * 5_000, word.to_owned())).or_insert(0) += 1;
         }
     }
-    counts.into_iter().map(|((start, word), n)| format!("{start},{word},{n}")).collect()
+    let mut rows: Vec<String> = counts.into_iter().map(|((start, word), n)| format!("{start},{word},{n}")).collect();
+    rows.sort();
+    rows
 }
 
 /// Appends each worker's results to its own file.

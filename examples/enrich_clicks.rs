@@ -28,11 +28,10 @@
 //!
 //! (bob's shoes click came 14.5 minutes after the impression: not attributed.)
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use highwater::prelude::*;
-use timely::dataflow::operators::Inspect;
 
 /// An ad shown to a user, or clicked by them.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
@@ -57,29 +56,35 @@ struct ProfileUpdate {
     time: u64,
 }
 
-fn options(name: &str) -> SourceOptions {
-    SourceOptions { name: name.to_owned(), watermark: WatermarkStrategy::bounded(5.minutes()), ..Default::default() }
-}
+/// What the program prints for the files in `examples/data`, sorted.
+pub const EXPECTED: [&str; 5] = [
+    "ann clicked hats at 1700000130000, 30 s after the impression: free FR",
+    "ann clicked shoes at 1700000090000, 90 s after the impression: free FR",
+    "ann clicked shoes at 1700001020000, 20 s after the impression: gold FR",
+    "bob clicked bags at 1700001230000, 30 s after the impression: no profile",
+    "cid clicked hats at 1700000260000, 60 s after the impression: free US",
+];
 
-fn main() -> anyhow::Result<()> {
-    let usage = "usage: enrich_clicks IMPRESSIONS.jsonl CLICKS.jsonl PROFILES.jsonl [timely args]";
-    let mut args = std::env::args().skip(1);
-    let (impressions, clicks, profiles) =
-        (args.next().context(usage)?, args.next().context(usage)?, args.next().context(usage)?);
-    let config = highwater::cluster::config_from_args(&args.collect::<Vec<_>>())?;
-    let impressions = Arc::new(JsonLines::files(&[&impressions], JsonDecoder::<AdEvent>::new())?);
-    let clicks = Arc::new(JsonLines::files(&[&clicks], JsonDecoder::<AdEvent>::new())?);
-    let profiles = Arc::new(JsonLines::files(&[&profiles], JsonDecoder::<ProfileUpdate>::new())?);
-
-    timely::execute(config, move |worker| {
+/// Attributes and enriches the clicks on the layout `timely_args` describe;
+/// the lines to print (late records and dead letters included), in the
+/// order they came.
+pub fn run(impressions: &str, clicks: &str, profiles: &str, timely_args: &[String]) -> anyhow::Result<Vec<String>> {
+    let impressions = Arc::new(JsonLines::files(&[impressions], JsonDecoder::<AdEvent>::new())?);
+    let clicks = Arc::new(JsonLines::files(&[clicks], JsonDecoder::<AdEvent>::new())?);
+    let profiles = Arc::new(JsonLines::files(&[profiles], JsonDecoder::<ProfileUpdate>::new())?);
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let shared = Arc::clone(&lines);
+    Job::from_args(timely_args)?.run(move |worker| {
         let (impressions, clicks, profiles) = (Arc::clone(&impressions), Arc::clone(&clicks), Arc::clone(&profiles));
-        worker.dataflow(|scope| {
-            let metrics = SourceMetrics::default();
+        let lines = Arc::clone(&shared);
+        worker.dataflow(|scope| -> Result<(), highwater::source::SourceError> {
+            let delay = WatermarkStrategy::bounded(5.minutes());
             let time = |e: &AdEvent| e.time;
-            let impressions = read(scope, impressions, time, options("impressions"), &metrics, None).expect("opened");
-            let clicks = read(scope, clicks, time, options("clicks"), &metrics, None).expect("opened");
+            let impressions =
+                Read::new(impressions, time).named("impressions").watermark(delay.clone()).build(scope)?;
+            let clicks = Read::new(clicks, time).named("clicks").watermark(delay.clone()).build(scope)?;
             let profiles =
-                read(scope, profiles, |p: &ProfileUpdate| p.time, options("profiles"), &metrics, None).expect("opened");
+                Read::new(profiles, |p: &ProfileUpdate| p.time).named("profiles").watermark(delay).build(scope)?;
 
             // The profile table: upserts by user, deletes as `None`.
             let table = profiles.events.map(|p| (p.user, p.profile)).upsert().table;
@@ -96,22 +101,43 @@ fn main() -> anyhow::Result<()> {
 
             // Each attributed click with the profile as of the click's time.
             let enriched = attributed.results.left_join_as_of(&table, |(_, click)| click.user.clone());
-            enriched.results.inner.inspect(|(((impression, click), profile), _time, _diff)| {
+            let out = Arc::clone(&lines);
+            enriched.results.inspect(move |(((impression, click), profile), _time, _diff)| {
                 let who = profile.as_ref().map_or("no profile".to_owned(), |p| format!("{} {}", p.tier, p.country));
                 let after = (click.time - impression.time) / 1_000;
-                println!(
+                let line = format!(
                     "{} clicked {} at {}, {after} s after the impression: {who}",
                     click.user, click.ad, click.time
                 );
+                out.lock().unwrap().push(line);
             });
             for late in [&attributed.late_left.stream, &attributed.late_right.stream] {
-                late.inspect(|(e, _, _)| println!("late: {e:?}"));
+                let out = Arc::clone(&lines);
+                late.inspect(move |(e, _, _)| out.lock().unwrap().push(format!("late: {e:?}")));
             }
             for dead in [&impressions.dead_letters, &clicks.dead_letters, &profiles.dead_letters] {
-                dead.inspect(|(d, _, _)| println!("dead letter: {d}"));
+                let out = Arc::clone(&lines);
+                dead.inspect(move |(d, _, _)| out.lock().unwrap().push(format!("dead letter: {d}")));
             }
-        });
-    })
-    .map_err(anyhow::Error::msg)?;
+            Ok(())
+        })
+    })?;
+    let lines = std::mem::take(&mut *lines.lock().unwrap());
+    Ok(lines)
+}
+
+fn main() -> anyhow::Result<()> {
+    let usage = "usage: enrich_clicks IMPRESSIONS.jsonl CLICKS.jsonl PROFILES.jsonl [timely args]";
+    let mut args = std::env::args().skip(1);
+    let (impressions, clicks, profiles) =
+        (args.next().context(usage)?, args.next().context(usage)?, args.next().context(usage)?);
+    let mut lines = run(&impressions, &clicks, &profiles, &args.collect::<Vec<_>>())?;
+    for line in &lines {
+        println!("{line}");
+    }
+    if impressions.ends_with("examples/data/impressions.jsonl") {
+        lines.sort();
+        anyhow::ensure!(lines == EXPECTED, "the output differs from the one documented above");
+    }
     Ok(())
 }

@@ -41,11 +41,13 @@
 //! std::fs::remove_dir_all(&dir).unwrap();
 //! ```
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use crate::checkpoint::{CheckpointConfig, CheckpointError, Checkpoints};
 use crate::cluster::{checkpoint_membership, config_from_args, ClusterError, StartError};
 use crate::source::{run_until_failed, Failing};
+use crate::totals::{Totals, TOTALS_KEY};
 use highwater_operators::checkpoint::CheckpointId;
 
 /// Reports a misuse of the library's API: to the log, and on standard error
@@ -138,6 +140,11 @@ pub struct JobReport<T> {
     /// final one): its dataflows were built (its sinks recovered) but not
     /// run.
     pub already_complete: bool,
+    /// The job's counters ([`Totals`]) summed over every worker of every
+    /// process, on every process: each source's `records`, `dead_letters`
+    /// and `late_read`, and what the program counted. Empty if the job had
+    /// already completed, or if another process did not report its sums.
+    pub totals: BTreeMap<String, u64>,
 }
 
 /// What [`Job::verifying`] runs.
@@ -230,6 +237,11 @@ impl Job {
         let complete = checkpoints.as_ref().is_some_and(|c| c.restored().is_some_and(|m| m.is_final()));
         let failures = Failures::default();
         config.worker.set(FAILURES_KEY.to_owned(), failures.clone());
+        let totals = Totals::default();
+        config.worker.set(TOTALS_KEY.to_owned(), totals.clone());
+        let threads = crate::cluster::threads(&config).max(1);
+        let summed: Arc<Mutex<Option<BTreeMap<String, u64>>>> = Arc::default();
+        let summed_here = Arc::clone(&summed);
         if let Some(ck) = checkpoints.as_ref() {
             ck.configure(&mut config);
         }
@@ -274,6 +286,15 @@ impl Job {
                 watched.push(ck);
             }
             run_until_failed(worker, &watched).map_err(|e| JobError::Worker { worker: index, error: e.0 })?;
+            // One worker per process gives the process's sums.
+            let mine = if index % threads == 0 { totals.local() } else { BTreeMap::new() };
+            match crate::totals::sum_over_job(worker, mine) {
+                Some(sums) if index % threads == 0 => {
+                    *summed_here.lock().unwrap_or_else(|e| e.into_inner()) = Some(sums)
+                }
+                Some(_) => {}
+                None => tracing::warn!("the other processes did not report their counters: totals left out"),
+            }
             Ok(output)
         });
         let joined = started.map(|guards| {
@@ -294,6 +315,7 @@ impl Job {
             None => false,
         };
         let checkpoints = checkpoints.map(|c| c.written()).unwrap_or_default();
-        Ok(JobReport { outputs, recovered_from, checkpoints, final_checkpoint, already_complete: complete })
+        let totals = summed.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default();
+        Ok(JobReport { outputs, recovered_from, checkpoints, final_checkpoint, already_complete: complete, totals })
     }
 }

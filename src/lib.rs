@@ -29,6 +29,7 @@ pub mod job;
 pub mod nexmark;
 pub mod sink;
 pub mod source;
+pub mod totals;
 
 /// The operators (the `highwater-operators` crate, documented here in full):
 /// windows, aggregations, joins, tables, CEP, the stateful-operator model,

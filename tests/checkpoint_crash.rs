@@ -295,16 +295,16 @@ fn damaged_checkpoints_fall_back_to_the_previous_one() {
     let (expected, _) = reference("q5", &input, &scratch.0);
     type Damage = fn(&Path);
     let truncate: Damage = |chk| {
-        let sst = shard_file(chk, ".sst");
-        let len = std::fs::metadata(&sst).unwrap().len();
-        std::fs::OpenOptions::new().write(true).open(&sst).unwrap().set_len(len / 2).unwrap();
+        let state = shard_file(chk, "/state");
+        let len = std::fs::metadata(&state).unwrap().len();
+        std::fs::OpenOptions::new().write(true).open(&state).unwrap().set_len(len / 2).unwrap();
     };
     let flip: Damage = |chk| {
-        let sst = shard_file(chk, ".sst");
-        let mut bytes = std::fs::read(&sst).unwrap();
+        let state = shard_file(chk, "/state");
+        let mut bytes = std::fs::read(&state).unwrap();
         let i = bytes.len() / 3;
         bytes[i] ^= 0x40;
-        std::fs::write(&sst, bytes).unwrap();
+        std::fs::write(&state, bytes).unwrap();
     };
     let no_manifest: Damage = |chk| std::fs::remove_file(chk.join("MANIFEST")).unwrap();
     let bad_manifest: Damage = |chk| {
@@ -339,8 +339,8 @@ fn damaged_checkpoints_fall_back_to_the_previous_one() {
     for entry in std::fs::read_dir(&job.checkpoints).unwrap() {
         let path = entry.unwrap().path();
         if path.join("MANIFEST").exists() {
-            let sst = shard_file(&path, ".sst");
-            std::fs::write(&sst, b"garbage").unwrap();
+            let state = shard_file(&path, "/state");
+            std::fs::write(&state, b"garbage").unwrap();
         }
     }
     let out = job.run(2, None);

@@ -187,15 +187,14 @@ fn the_store_round_trips_and_reports_damage() {
     assert_eq!(store.describe(), "s3://bucket/api");
     assert_eq!(store.list().unwrap(), Vec::<u64>::new());
 
-    // A shard: a small file, one big enough for a multipart upload, and
-    // RocksDB's informational log (left out).
+    // A shard's directory: a small file and one big enough for a multipart
+    // upload (the store puts every file of it, whatever the names).
     let local = tmp.0.join("shard");
     std::fs::create_dir_all(&local).unwrap();
     let small = noise(10_000, 1);
     let big = noise(40 << 20, 2);
     std::fs::write(local.join("000001.sst"), &small).unwrap();
     std::fs::write(local.join("000002.sst"), &big).unwrap();
-    std::fs::write(local.join("LOG"), "informational").unwrap();
     let files = store.put_shard(1, 0, &local).unwrap();
     let names: Vec<&str> = files.iter().map(|f| f.name.as_str()).collect();
     assert_eq!(names, ["000001.sst", "000002.sst"]);

@@ -46,6 +46,18 @@ fn two_processes(query: &str, input: &[&str]) {
         canonical(&String::from_utf8(o0.stdout).unwrap()),
         canonical(&String::from_utf8(single.stdout).unwrap())
     );
+    // Each process's summary line counts the whole job: the counters of
+    // both processes, exchanged at the end, equal one process's alone.
+    let counts = |stderr: &[u8]| -> Vec<String> {
+        let text = String::from_utf8_lossy(stderr).into_owned();
+        let line = text.lines().find(|l| l.starts_with("events=")).unwrap_or_else(|| panic!("no summary in {text}"));
+        let keys = ["events", "late", "late_read", "dead_letters", "rows"];
+        line.split(' ').filter(|kv| keys.iter().any(|k| kv.starts_with(&format!("{k}=")))).map(str::to_owned).collect()
+    };
+    let whole = counts(&single.stderr);
+    assert_eq!(whole.len(), 5, "{whole:?}");
+    assert_eq!(counts(&o0.stderr), whole, "process 0's summary");
+    assert_eq!(counts(&o1.stderr), whole, "process 1's summary");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

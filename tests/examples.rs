@@ -90,3 +90,40 @@ fn a_job_on_two_processes_counts_every_word_once() {
     let files = std::fs::read_dir(&out).unwrap().count();
     assert_eq!(files, 4);
 }
+
+#[path = "../examples/sessionize.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod sessionize;
+
+#[test]
+fn sessionize_prints_the_sessions_it_documents() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/clicks.jsonl");
+    for workers in ["1", "2"] {
+        let lines = sessionize::run(path, &args(&["-w", workers])).unwrap();
+        // The dead letters name the file as given: the example's relative path.
+        let lines: Vec<String> =
+            lines.into_iter().map(|l| l.replace(concat!(env!("CARGO_MANIFEST_DIR"), "/"), "")).collect();
+        assert_eq!(sessionize::consolidated(&lines), sessionize::EXPECTED, "-w {workers}");
+    }
+}
+
+#[path = "../examples/enrich_clicks.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod enrich_clicks;
+
+#[test]
+fn enrich_clicks_attributes_and_enriches_the_clicks_it_documents() {
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/");
+    let file = |name: &str| format!("{data}{name}");
+    for workers in ["1", "2"] {
+        let mut lines = enrich_clicks::run(
+            &file("impressions.jsonl"),
+            &file("ad_clicks.jsonl"),
+            &file("profiles.jsonl"),
+            &args(&["-w", workers]),
+        )
+        .unwrap();
+        lines.sort();
+        assert_eq!(lines, enrich_clicks::EXPECTED, "-w {workers}");
+    }
+}

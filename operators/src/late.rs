@@ -25,6 +25,11 @@ impl Counter {
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
+    /// Whether `other` is this counter (a clone of it), not just one with
+    /// the same value.
+    pub fn same_as(&self, other: &Counter) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 /// Records an operator could not take into account because they arrived after

@@ -55,6 +55,10 @@ pub(super) struct CepArgs {
     /// An input without events for this long stops holding the watermark.
     #[arg(long, default_value = "5s")]
     idle_timeout: Millis,
+    /// Input lines longer than this many bytes become dead letters (with
+    /// their length and offset) instead of events: memory stays bounded.
+    #[arg(long, default_value_t = crate::source::DEFAULT_MAX_RECORD_SIZE)]
+    max_record_size: usize,
     /// Also print the partial matches that timed out (`"timed_out": true`).
     #[arg(long)]
     timeouts: bool,
@@ -188,7 +192,8 @@ pub(super) fn run(args: CepArgs) -> anyhow::Result<()> {
         JsonLines::stdin(decoder)
     } else {
         JsonLines::files(&args.input, decoder).context("opening the input")?
-    };
+    }
+    .max_record_size(args.max_record_size);
     let source = Arc::new(source);
     let options = SourceOptions {
         name: "Events".into(),

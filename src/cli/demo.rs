@@ -126,6 +126,6 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
     super::join_workers(guards)?;
     drop(progress);
     let lines = printed.lock().map(|all| all.iter().map(|h| h.lines.get()).sum()).unwrap_or(0);
-    eprintln!("{}", summary(&gauges, started, lines));
+    eprintln!("{}", summary(&gauges, &Default::default(), started, lines));
     Ok(())
 }

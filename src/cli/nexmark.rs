@@ -25,7 +25,10 @@ use crate::sink::{
     write, write_json_lines, write_lines, write_parts, write_postgres, LineTarget, PartFiles, PartFormat, Placement,
     PostgresCommitter, PostgresSinkConfig, Sink, SinkError, SinkHandle, SinkMode,
 };
-use crate::source::{read, JsonLines, MemorySource, SourceMetrics, SourceOptions, SourceStreams, DEFAULT_BLOCK_SIZE};
+use crate::source::{
+    read, JsonLines, MemorySource, SourceMetrics, SourceOptions, SourceStreams, DEFAULT_BLOCK_SIZE,
+    DEFAULT_MAX_RECORD_SIZE,
+};
 use crate::time::{Millis, WatermarkStrategy};
 
 /// Arguments of `highwater nexmark`.
@@ -79,6 +82,10 @@ pub(super) struct NexmarkArgs {
     /// partition that one worker reads.
     #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE)]
     block_size: u64,
+    /// Input lines longer than this many bytes become dead letters (with
+    /// their length and offset) instead of records: memory stays bounded.
+    #[arg(long, default_value_t = DEFAULT_MAX_RECORD_SIZE)]
+    max_record_size: usize,
     /// Records per source read (the watermark advances between reads).
     #[arg(long, default_value_t = 4096)]
     batch_size: usize,
@@ -371,10 +378,11 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
             if checkpointed {
                 bail!("--checkpoint-dir: stdin cannot be rewound; give the events as files (--input FILE...)");
             }
-            JsonLines::stdin(NexmarkDecoder)
+            JsonLines::stdin(NexmarkDecoder).max_record_size(args.max_record_size)
         } else {
             JsonLines::files_with_block_size(&args.input, NexmarkDecoder, args.block_size)
                 .context("opening the input")?
+                .max_record_size(args.max_record_size)
         };
         Input::Files(Arc::new(source))
     } else if let Some(events) = args.events {
@@ -445,6 +453,10 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
             if let Ok(mut late) = g.late.lock() {
                 late.extend(out.late.iter().cloned());
             }
+            let totals = crate::totals::Totals::of(&scope);
+            for counter in &out.late {
+                totals.iter().for_each(|t| t.count("late", counter));
+            }
             let rows = out.rows.probe_with(&probe);
             watch_watermark(&rows, &g);
             let header = out.header.join(",");
@@ -484,6 +496,7 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
                 }
             };
             let dead = dead_letter_sink(&streams.dead_letters, dead_path.as_ref());
+            totals.iter().for_each(|t| t.count("rows", &handle.lines));
             if let Ok(mut sinks) = s.lock() {
                 sinks.0.push(handle);
                 sinks.1.extend(dead);
@@ -514,7 +527,9 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
             problems.push(format!("{unapplied} retractions could not be applied to append-only output"));
         }
     }
-    eprintln!("{}", summary(&gauges, started, rows));
+    // Over every process of the job (this process's own counts if another
+    // process did not report).
+    eprintln!("{}", summary(&gauges, &report.totals, started, rows));
     if !problems.is_empty() {
         bail!("{}", problems.join("; "));
     }

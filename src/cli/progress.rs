@@ -1,5 +1,6 @@
 //! The progress line and the end-of-run summary on stderr.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -94,15 +95,25 @@ pub(super) fn peak_rss_mib() -> u64 {
 }
 
 /// The one-line summary of a run.
-pub(super) fn summary(gauges: &Gauges, started: Instant, rows: u64) -> String {
+pub(super) fn summary(gauges: &Gauges, totals: &BTreeMap<String, u64>, started: Instant, rows: u64) -> String {
     let seconds = started.elapsed().as_secs_f64();
-    let events = gauges.source.records.get();
+    // The job's totals over all processes when they were exchanged; else this process's.
+    let total = |suffix: &str, local: u64| {
+        let mut found = totals.iter().filter(|(name, _)| name.ends_with(suffix)).peekable();
+        if found.peek().is_none() {
+            local
+        } else {
+            found.map(|(_, n)| n).sum()
+        }
+    };
+    let events = total(".records", gauges.source.records.get());
+    let rows = totals.get("rows").copied().unwrap_or(rows);
     format!(
         "events={events} seconds={seconds:.3} events/s={:.0} late={} late_read={} dead_letters={} rows={rows} peak_rss_mib={}",
         events as f64 / seconds.max(1e-9),
-        gauges.late(),
-        gauges.source.late.get(),
-        gauges.source.dead_letters.get(),
+        totals.get("late").copied().unwrap_or_else(|| gauges.late()),
+        total(".late_read", gauges.source.late.get()),
+        total(".dead_letters", gauges.source.dead_letters.get()),
         peak_rss_mib(),
     )
 }

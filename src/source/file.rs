@@ -15,6 +15,10 @@ pub const DEFAULT_BLOCK_SIZE: u64 = 8 << 20;
 /// How much a reader reads from a file at once.
 const CHUNK: usize = 1 << 20;
 
+/// The default longest line a reader takes as a record (4 MiB); see
+/// [`JsonLines::max_record_size`].
+pub const DEFAULT_MAX_RECORD_SIZE: usize = 4 << 20;
+
 #[derive(Clone, Debug)]
 enum Input {
     Files(Vec<PathBuf>),
@@ -36,12 +40,15 @@ struct Block {
 /// another. The offset of a partition is the byte offset in its file. Stdin is
 /// a single partition, read by a background thread so that waiting for input
 /// never blocks the worker. Empty lines are skipped; any other line that does
-/// not decode becomes a dead letter.
+/// not decode becomes a dead letter, and so does a line longer than
+/// [`max_record_size`](Self::max_record_size): a reader never holds more
+/// than that limit (plus one read of 1 MiB) of a line, however long it is.
 pub struct JsonLines<Dec> {
     input: Input,
     blocks: Vec<Block>,
     decoder: Arc<Dec>,
     stdin: Mutex<Option<Receiver<Vec<u8>>>>,
+    max_record: usize,
 }
 
 impl<Dec> std::fmt::Debug for JsonLines<Dec> {
@@ -77,12 +84,34 @@ impl<Dec: Decode> JsonLines<Dec> {
                 start += block_size;
             }
         }
-        Ok(JsonLines { input: Input::Files(paths), blocks, decoder: Arc::new(decoder), stdin: Mutex::new(None) })
+        Ok(JsonLines {
+            input: Input::Files(paths),
+            blocks,
+            decoder: Arc::new(decoder),
+            stdin: Mutex::new(None),
+            max_record: DEFAULT_MAX_RECORD_SIZE,
+        })
     }
 
     /// Reads standard input (one partition, on worker 0).
     pub fn stdin(decoder: Dec) -> Self {
-        JsonLines { input: Input::Stdin, blocks: Vec::new(), decoder: Arc::new(decoder), stdin: Mutex::new(None) }
+        JsonLines {
+            input: Input::Stdin,
+            blocks: Vec::new(),
+            decoder: Arc::new(decoder),
+            stdin: Mutex::new(None),
+            max_record: DEFAULT_MAX_RECORD_SIZE,
+        }
+    }
+
+    /// Lines longer than `bytes` (without their line ending) are not
+    /// decoded: each becomes a dead letter that gives its length and offset,
+    /// with its first bytes, and reading resumes after its newline, in time
+    /// linear in its length and with memory bounded by `bytes`. Default
+    /// [`DEFAULT_MAX_RECORD_SIZE`].
+    pub fn max_record_size(mut self, bytes: usize) -> Self {
+        self.max_record = bytes.max(1);
+        self
     }
 }
 
@@ -117,6 +146,8 @@ where
                     end: u64::MAX,
                     eof: false,
                     skip_first_line: false,
+                    max_record: self.max_record,
+                    long_line: None,
                 })
             }
             Input::Files(paths) => {
@@ -135,6 +166,8 @@ where
                     end: block.end,
                     eof: false,
                     skip_first_line: false,
+                    max_record: self.max_record,
+                    long_line: None,
                 };
                 match from {
                     Some(offset) => {
@@ -208,6 +241,11 @@ pub struct JsonLinesReader<Dec> {
     eof: bool,
     /// The reader starts inside the previous block's last line.
     skip_first_line: bool,
+    /// The longest line taken as a record.
+    max_record: usize,
+    /// A line longer than `max_record` being skipped: where it starts and
+    /// its first bytes (for its dead letter).
+    long_line: Option<(u64, Vec<u8>)>,
 }
 
 impl<Dec> std::fmt::Debug for JsonLinesReader<Dec> {
@@ -275,6 +313,16 @@ impl<Dec: Decode> JsonLinesReader<Dec> {
         }
     }
 
+    /// Starts skipping the line at `pos` (at offset `start`): too long.
+    fn start_long_line(&mut self, start: u64) {
+        let raw = &self.buf[self.pos..];
+        self.long_line = Some((start, raw[..raw.len().min(crate::dead_letter::MAX_RAW_BYTES)].to_vec()));
+    }
+
+    /// Skips the rest of the line the block starts in (begun in the one
+    /// before), but not past the block's end: if no newline comes before
+    /// it, no line starts in this block, and a long line is read once, by
+    /// the block it starts in, not again by every block it spans.
     fn skip_partial_line(&mut self) -> Result<(), SourceError> {
         loop {
             if let Some(nl) = memchr::memchr(b'\n', &self.buf[self.pos..]) {
@@ -282,7 +330,7 @@ impl<Dec: Decode> JsonLinesReader<Dec> {
                 return Ok(());
             }
             self.pos = self.buf.len();
-            if !self.fill()? && self.eof {
+            if self.buf_offset + self.pos as u64 >= self.end || (!self.fill()? && self.eof) {
                 return Ok(());
             }
         }
@@ -303,6 +351,36 @@ impl<Dec: Decode> PartitionReader for JsonLinesReader<Dec> {
         }
         let mut taken = 0;
         while taken < max {
+            if let Some((start, raw)) = self.long_line.take() {
+                // Skipping a line too long to take: up to its newline, or
+                // the end of the input, without holding it.
+                let ended = match memchr::memchr(b'\n', &self.buf[self.pos..]) {
+                    Some(nl) => Some((self.pos + nl, self.pos + nl + 1)),
+                    None if self.eof => Some((self.buf.len(), self.buf.len())),
+                    None => None,
+                };
+                let Some((line_end, next)) = ended else {
+                    self.pos = self.buf.len();
+                    self.long_line = Some((start, raw));
+                    if self.fill()? || self.eof {
+                        continue;
+                    }
+                    return Ok(if taken > 0 { ReadStatus::Data } else { ReadStatus::Idle });
+                };
+                let mut length = self.buf_offset + line_end as u64 - start;
+                if line_end > 0 && line_end > self.pos && self.buf[line_end - 1] == b'\r' {
+                    length -= 1;
+                }
+                let reason = format!(
+                    "a line of {length} bytes, longer than the largest record of {} bytes \
+                     (JsonLines::max_record_size): skipped",
+                    self.max_record
+                );
+                dead.push(DeadLetter::new(self.origin.clone(), start, reason, &raw));
+                taken += 1;
+                self.pos = next;
+                continue;
+            }
             let line_start = self.buf_offset + self.pos as u64;
             if line_start >= self.end {
                 return Ok(ReadStatus::End);
@@ -316,6 +394,10 @@ impl<Dec: Decode> PartitionReader for JsonLinesReader<Dec> {
                     // A last line without its newline.
                     (self.pos..self.buf.len(), self.buf.len())
                 }
+                None if self.buf.len() - self.pos > self.max_record => {
+                    self.start_long_line(line_start);
+                    continue;
+                }
                 None => {
                     if self.fill()? || self.eof {
                         continue;
@@ -323,6 +405,11 @@ impl<Dec: Decode> PartitionReader for JsonLinesReader<Dec> {
                     return Ok(if taken > 0 { ReadStatus::Data } else { ReadStatus::Idle });
                 }
             };
+            if line.len() > self.max_record + 1 || (line.len() > self.max_record && self.buf[line.end - 1] != b'\r') {
+                // Too long, although it happens to be read whole.
+                self.start_long_line(line_start);
+                continue;
+            }
             let mut bytes = &self.buf[line];
             if let [head @ .., b'\r'] = bytes {
                 bytes = head;

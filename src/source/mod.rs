@@ -19,7 +19,7 @@ mod memory;
 mod read;
 
 pub use decode::{Decode, DecodeError, JsonDecoder};
-pub use file::{JsonLines, JsonLinesReader, DEFAULT_BLOCK_SIZE};
+pub use file::{JsonLines, JsonLinesReader, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_RECORD_SIZE};
 pub use memory::MemorySource;
 pub use read::{
     read, run_until_failed, Failing, JobFailed, Read, RetryPolicy, SourceMetrics, SourceOptions, SourceStreams,

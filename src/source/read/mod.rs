@@ -124,6 +124,11 @@ where
     let (index, peers) = (scope.index(), scope.peers());
     let names = source.partitions()?;
     let checkpoints = Checkpoints::of(&scope);
+    if let Some(totals) = crate::totals::Totals::of(&scope) {
+        totals.count(&format!("{}.records", options.name), &metrics.records);
+        totals.count(&format!("{}.dead_letters", options.name), &metrics.dead_letters);
+        totals.count(&format!("{}.late_read", options.name), &metrics.late);
+    }
     let restored = checkpoints.as_ref().and_then(|c| c.restored_partitions(&options.name));
     if let Some(restored) = restored {
         if restored.len() != names.len() {

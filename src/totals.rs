@@ -1,0 +1,93 @@
+//! Counters summed over every worker of every process of a job: what a
+//! [`Job`](crate::Job) reports at its end ([`JobReport::totals`](crate::JobReport::totals)).
+//!
+//! Counters ([`Counter`]) count on one worker, or on one process when its
+//! workers share them (a [`SourceMetrics`](crate::source::SourceMetrics)
+//! made outside the workers). A program registers them under a name with
+//! [`Totals::count`]; sources register their own (`<source>.records`,
+//! `<source>.dead_letters`, `<source>.late_read`). When the job's sources
+//! have ended, each process adds up its distinct counters per name (a
+//! counter shared by several workers counts once), and the processes
+//! exchange their sums over the job's own connections, so every process
+//! reports the totals of the whole job, on any number of processes.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use highwater_operators::Counter;
+use timely::dataflow::operators::vec::Broadcast;
+use timely::dataflow::operators::{Input, Inspect, Probe};
+
+/// The key under which a job's [`Totals`] sit in the timely worker
+/// configuration.
+pub(crate) const TOTALS_KEY: &str = "highwater::totals";
+
+/// How long the workers wait for the other processes' sums.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The counters of a job's process, by name; shared by its workers.
+#[derive(Clone, Debug, Default)]
+pub struct Totals(Arc<Mutex<BTreeMap<String, Vec<Counter>>>>);
+
+impl Totals {
+    /// The totals of the job that `scope`'s computation runs, if it runs as
+    /// a [`Job`](crate::Job).
+    pub fn of(scope: &timely::dataflow::Scope<'_, crate::Timestamp>) -> Option<Totals> {
+        scope.worker().config().get::<Totals>(TOTALS_KEY).cloned()
+    }
+
+    /// Counts `counter` under `name`: the job's total for `name` is the sum
+    /// of every distinct counter registered under it, on every process.
+    pub fn count(&self, name: &str, counter: &Counter) {
+        let mut counters = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let list = counters.entry(name.to_owned()).or_default();
+        if !list.iter().any(|c| c.same_as(counter)) {
+            list.push(counter.clone());
+        }
+    }
+
+    /// This process's sums, by name.
+    pub fn local(&self) -> BTreeMap<String, u64> {
+        let counters = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        counters.iter().map(|(name, list)| (name.clone(), list.iter().map(Counter::get).sum())).collect()
+    }
+}
+
+/// Sums `mine` (a process's sums, given on one worker per process; empty on
+/// the others) over every worker of the computation, on every worker: a
+/// small dataflow that broadcasts each process's sums. `None` if the other
+/// processes did not answer within [`EXCHANGE_TIMEOUT`] (one of them failed).
+pub(crate) fn sum_over_job(
+    worker: &mut timely::worker::Worker,
+    mine: BTreeMap<String, u64>,
+) -> Option<BTreeMap<String, u64>> {
+    let sums = Arc::new(Mutex::new(BTreeMap::<String, u64>::new()));
+    let into = Arc::clone(&sums);
+    let (mut input, probe) = worker.dataflow::<u64, _, _>(|scope| {
+        let (input, stream) = scope.new_input::<Vec<(String, u64)>>();
+        let (probe, _) = stream
+            .broadcast()
+            .inspect(move |(name, n)| {
+                *into.lock().unwrap_or_else(|e| e.into_inner()).entry(name.clone()).or_insert(0) += n;
+            })
+            .probe();
+        (input, probe)
+    });
+    for sum in mine {
+        input.send(sum);
+    }
+    input.close();
+    let deadline = Instant::now() + EXCHANGE_TIMEOUT;
+    while !probe.done() {
+        if Instant::now() > deadline {
+            for dataflow in worker.installed_dataflows() {
+                worker.drop_dataflow(dataflow);
+            }
+            return None;
+        }
+        worker.step_or_park(Some(Duration::from_millis(10)));
+    }
+    let sums = std::mem::take(&mut *sums.lock().unwrap_or_else(|e| e.into_inner()));
+    Some(sums)
+}

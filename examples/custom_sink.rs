@@ -153,7 +153,7 @@ pub fn run(path: &Path, timely_args: &[String]) -> anyhow::Result<u64> {
         let (source, view) = (Arc::clone(&source), view.clone());
         worker.dataflow(|scope| -> anyhow::Result<()> {
             // Small reads, so that the watermark advances many times.
-            let orders = Read::new(source, |u: &OrderUpdate| u.time).batch_size(16).build(scope)?;
+            let orders = FromSource::new(source, |u: &OrderUpdate| u.time).batch_size(16).build(scope)?;
             let table = orders.events.map(|u| (u.order, u.amount)).upsert().table;
             let rows = table.changelog().map(|(order, amount)| format!("{order},{amount}"));
             write(&rows, "ViewFile", Placement::Worker0, move |_worker, _handle| Ok(ViewFile::new(view)));

@@ -150,7 +150,7 @@ pub fn run(logs: Vec<Vec<String>>, timely_args: &[String]) -> anyhow::Result<Fou
     Job::from_args(timely_args)?.run(move |worker| {
         let (source, found) = (Arc::clone(&source), Arc::clone(&shared));
         worker.dataflow(|scope| -> Result<(), SourceError> {
-            let readings = Read::new(source, |r: &Reading| r.time)
+            let readings = FromSource::new(source, |r: &Reading| r.time)
                 .named("sensors")
                 .watermark(WatermarkStrategy::bounded(3.secs()))
                 .build(scope)?;

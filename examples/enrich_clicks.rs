@@ -81,10 +81,12 @@ pub fn run(impressions: &str, clicks: &str, profiles: &str, timely_args: &[Strin
             let delay = WatermarkStrategy::bounded(5.minutes());
             let time = |e: &AdEvent| e.time;
             let impressions =
-                Read::new(impressions, time).named("impressions").watermark(delay.clone()).build(scope)?;
-            let clicks = Read::new(clicks, time).named("clicks").watermark(delay.clone()).build(scope)?;
-            let profiles =
-                Read::new(profiles, |p: &ProfileUpdate| p.time).named("profiles").watermark(delay).build(scope)?;
+                FromSource::new(impressions, time).named("impressions").watermark(delay.clone()).build(scope)?;
+            let clicks = FromSource::new(clicks, time).named("clicks").watermark(delay.clone()).build(scope)?;
+            let profiles = FromSource::new(profiles, |p: &ProfileUpdate| p.time)
+                .named("profiles")
+                .watermark(delay)
+                .build(scope)?;
 
             // The profile table: upserts by user, deletes as `None`.
             let table = profiles.events.map(|p| (p.user, p.profile)).upsert().table;

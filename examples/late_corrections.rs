@@ -121,7 +121,7 @@ pub fn run(timely_args: &[String], print: bool) -> anyhow::Result<Outcome> {
     Job::from_args(timely_args)?.run(move |worker| {
         let (source, outcome) = (Arc::clone(&source), Arc::clone(&shared));
         worker.dataflow(|scope| -> anyhow::Result<()> {
-            let taps = Read::new(source, |t: &Tap| t.time)
+            let taps = FromSource::new(source, |t: &Tap| t.time)
                 .watermark(WatermarkStrategy::bounded(DELAY))
                 .batch_size(1)
                 .build(scope)?;

@@ -98,7 +98,7 @@ pub fn run(out: &Path, timely_args: &[String]) -> anyhow::Result<()> {
     Job::from_args(timely_args)?.run(move |worker| {
         let (source, out) = (Arc::clone(&source), out.clone());
         worker.dataflow(|scope| -> anyhow::Result<()> {
-            let lines = Read::new(source, |l: &Line| l.time).batch_size(64).build(scope)?;
+            let lines = FromSource::new(source, |l: &Line| l.time).batch_size(64).build(scope)?;
             let words = lines.events.flat_map(|l| l.text.split(' ').map(str::to_owned).collect::<Vec<_>>());
             let counts = words.key_by(|w: &String| w.clone()).window(Tumbling::of(5.secs())).aggregate(Count);
             let rows = counts.results.map(|r| format!("{},{},{}", r.window.start, r.key, r.value));

@@ -49,6 +49,7 @@ use crate::cluster::{checkpoint_membership, config_from_args, ClusterError, Star
 use crate::source::{run_until_failed, Failing};
 use crate::totals::{Totals, TOTALS_KEY};
 use highwater_operators::checkpoint::CheckpointId;
+use highwater_operators::flow::InFlight;
 
 /// Reports a misuse of the library's API: to the log, and on standard error
 /// too when the program has installed no `tracing` subscriber, so that it is
@@ -157,6 +158,7 @@ pub struct Job {
     checkpoints: Option<CheckpointConfig>,
     coordinator: Option<String>,
     verify: Option<Verify>,
+    in_flight: InFlight,
 }
 
 impl std::fmt::Debug for Job {
@@ -173,7 +175,9 @@ impl Job {
     /// A job on the layout `config` describes (`timely::Config::process(n)`,
     /// or a cluster).
     pub fn new(config: timely::Config) -> Self {
-        Job { config, checkpoints: None, coordinator: None, verify: None }
+        let mut config = config;
+        let in_flight = InFlight::configure(&mut config);
+        Job { config, checkpoints: None, coordinator: None, verify: None, in_flight }
     }
 
     /// A job on the layout timely's arguments describe: `-w` workers per
@@ -187,6 +191,12 @@ impl Job {
     pub fn checkpointed(mut self, config: CheckpointConfig) -> Self {
         self.checkpoints = Some(config);
         self
+    }
+
+    /// The records in flight between this process's workers, which its
+    /// sources pause on (flow control; for progress reports).
+    pub fn in_flight(&self) -> InFlight {
+        self.in_flight.clone()
     }
 
     /// For a checkpointed job of several processes: where process 0
@@ -219,7 +229,7 @@ impl Job {
         E: std::fmt::Display,
         F: Fn(&mut timely::worker::Worker) -> Result<T, E> + Send + Sync + 'static,
     {
-        let Job { mut config, checkpoints, coordinator, verify } = self;
+        let Job { mut config, checkpoints, coordinator, verify, in_flight: _ } = self;
         let checkpoints = match checkpoints {
             Some(ck) => Some(match checkpoint_membership(&config, coordinator.as_deref())? {
                 Some(membership) => Checkpoints::open_member(ck, membership)?,

@@ -50,7 +50,9 @@ pub mod prelude {
     pub use crate::sink::{
         collect, write_json_lines, write_lines, write_parts, Collected, LineTarget, PartFormat, SinkMode,
     };
-    pub use crate::source::{read, JsonDecoder, JsonLines, MemorySource, Read, Source, SourceMetrics, SourceOptions};
+    pub use crate::source::{
+        read, FromSource, JsonDecoder, JsonLines, MemorySource, Source, SourceMetrics, SourceOptions,
+    };
     pub use crate::time::{parse_duration, WatermarkStrategy};
     pub use highwater_operators::prelude::*;
 }

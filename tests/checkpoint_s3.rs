@@ -376,12 +376,12 @@ fn nexmark_recovers_from_s3_checkpoints_after_kills() {
     // checkpoint of its own to S3 (so that each restart recovers from a newer
     // one), wherever the run then is: possibly in the middle of writing the
     // next checkpoint. Between them, kills from inside at the S3 store's
-    // kill points: part of a shard uploaded, and all shards but no manifest;
+    // kill points: one of the two workers' shards uploaded, and all shards but no manifest;
     // the restart must pass over that incomplete checkpoint.
     let mut recovered = None::<u64>;
     let steps: [(&str, Option<&str>, u64); 5] = [
         ("SIGKILL", None, 500),
-        ("inside, after the 3rd shard file upload", Some("shard-write:3"), 0),
+        ("inside, after the 1st of the 2 shard files", Some("shard-write:1"), 0),
         ("SIGKILL", None, 750),
         ("inside, before the 1st manifest upload", Some("manifest-write:1"), 0),
         ("SIGKILL", None, 1000),

@@ -83,7 +83,7 @@ fn over_long_lines_become_dead_letters_and_the_others_records() {
             .run(move |worker| {
                 let (source, into) = (Arc::clone(&source), Arc::clone(&into));
                 worker.dataflow(|scope| -> Result<(), highwater::source::SourceError> {
-                    let read = Read::new(source, |r: &Rec| r.time).build(scope)?;
+                    let read = FromSource::new(source, |r: &Rec| r.time).build(scope)?;
                     let records = Arc::clone(&into);
                     read.events.inspect(move |(r, _, _)| records.lock().unwrap().0.push(r.k));
                     read.dead_letters.inspect(move |(d, _, _)| {

@@ -30,6 +30,7 @@ pub mod aggregate;
 pub mod cep;
 pub mod checkpoint;
 pub mod collection;
+pub mod flow;
 mod group;
 mod hold;
 pub mod join;

@@ -1,6 +1,6 @@
 //! The stream type every highwater operator consumes and produces.
 
-use timely::dataflow::channels::pact::{Exchange, Pipeline};
+use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::{Concat, Inspect, Probe};
 use timely::dataflow::{ProbeHandle, Scope, Stream};
@@ -166,7 +166,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
 
     /// Moves every record to the worker that owns its key.
     pub fn exchange<K: std::hash::Hash, F: Fn(&D) -> K + 'static>(&self, key: F) -> EventStream<'scope, D> {
-        let pact = Exchange::new(move |u: &Update<D>| route(&key(&u.0)));
+        let pact = crate::flow::exchange(move |u: &Update<D>| route(&key(&u.0)));
         let inner = self.inner.clone().unary(pact, "Exchange", |_cap, _info| {
             move |input, output| {
                 input.for_each_stamp(|cap, data| {

@@ -58,7 +58,9 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
         watermark: WatermarkStrategy::bounded(args.watermark_delay.0),
         ..Default::default()
     };
-    let gauges = Gauges::default();
+    let mut config = config;
+    let in_flight = highwater_operators::flow::InFlight::configure(&mut config);
+    let gauges = Gauges { in_flight: Some(in_flight), ..Gauges::default() };
     let started = Instant::now();
     let progress = Progress::start(gauges.clone(), started);
     let printed: Arc<std::sync::Mutex<Vec<SinkHandle>>> = Default::default();

@@ -429,7 +429,7 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
         }
     }
 
-    let gauges = Gauges::default();
+    let gauges = Gauges { in_flight: Some(job.in_flight()), ..Gauges::default() };
     // (row sinks, dead-letter sinks) of every worker.
     let sinks: Arc<std::sync::Mutex<(Vec<SinkHandle>, Vec<SinkHandle>)>> = Default::default();
     let started = Instant::now();

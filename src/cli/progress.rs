@@ -27,6 +27,8 @@ pub(super) struct Gauges {
     pub(super) watermark: Arc<AtomicU64>,
     /// Records dropped to late outputs, per operator and worker.
     pub(super) late: Arc<std::sync::Mutex<Vec<Counter>>>,
+    /// Records in flight between the process's workers (flow control).
+    pub(super) in_flight: Option<highwater_operators::flow::InFlight>,
 }
 
 impl Gauges {
@@ -61,7 +63,8 @@ impl Progress {
                 let lag =
                     if watermark == 0 || watermark == END_OF_TIME { 0 } else { max_seen.saturating_sub(watermark) };
                 eprintln!(
-                    "[{:>6.1}s] events {} ({:.2} M ev/s) | watermark {} | lag {:.1} s | late {} | dead letters {}",
+                    "[{:>6.1}s] events {} ({:.2} M ev/s) | watermark {} | lag {:.1} s | late {} | dead letters {} \
+                     | in flight {} | throttled {:.1} s",
                     started.elapsed().as_secs_f64(),
                     records,
                     rate / 1e6,
@@ -69,6 +72,8 @@ impl Progress {
                     lag as f64 / 1000.0,
                     gauges.late(),
                     gauges.source.dead_letters.get(),
+                    gauges.in_flight.as_ref().map_or(0, |f| f.records()),
+                    gauges.source.throttled_us.get() as f64 / 1e6,
                 );
             }
         });
@@ -109,11 +114,13 @@ pub(super) fn summary(gauges: &Gauges, totals: &BTreeMap<String, u64>, started: 
     let events = total(".records", gauges.source.records.get());
     let rows = totals.get("rows").copied().unwrap_or(rows);
     format!(
-        "events={events} seconds={seconds:.3} events/s={:.0} late={} late_read={} dead_letters={} rows={rows} peak_rss_mib={}",
+        "events={events} seconds={seconds:.3} events/s={:.0} late={} late_read={} dead_letters={} rows={rows} \
+         throttled_ms={} peak_rss_mib={}",
         events as f64 / seconds.max(1e-9),
         totals.get("late").copied().unwrap_or_else(|| gauges.late()),
         total(".late_read", gauges.source.late.get()),
         total(".dead_letters", gauges.source.dead_letters.get()),
+        total(".throttled_us", gauges.source.throttled_us.get()) / 1000,
         peak_rss_mib(),
     )
 }

@@ -18,7 +18,6 @@ use std::sync::{Arc, Mutex};
 
 use highwater_operators::key::Data;
 use highwater_operators::{Counter, EventStream, Timestamp, Update};
-use timely::dataflow::channels::pact::Exchange;
 use timely::dataflow::operators::generic::Operator;
 
 #[cfg(feature = "postgres")]
@@ -169,6 +168,7 @@ where
     // Worker 0, or each worker to itself (a move, not a copy, within a process).
     let target = if placement == Placement::Worker0 { 0 } else { worker as u64 };
     let mut logic = logic;
-    stream.inner.clone().sink(Exchange::new(move |_: &Update<T>| target), name, move |(i, f)| logic(i, f));
+    let pact = highwater_operators::flow::exchange(move |_: &Update<T>| target);
+    stream.inner.clone().sink(pact, name, move |(i, f)| logic(i, f));
     handle
 }

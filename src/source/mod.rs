@@ -22,7 +22,7 @@ pub use decode::{Decode, DecodeError, JsonDecoder};
 pub use file::{JsonLines, JsonLinesReader, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_RECORD_SIZE};
 pub use memory::MemorySource;
 pub use read::{
-    read, run_until_failed, Failing, JobFailed, Read, RetryPolicy, SourceMetrics, SourceOptions, SourceStreams,
+    read, run_until_failed, Failing, FromSource, JobFailed, RetryPolicy, SourceMetrics, SourceOptions, SourceStreams,
     WatermarkBoard,
 };
 

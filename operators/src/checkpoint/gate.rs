@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use timely::communication::{Pull, Push};
 use timely::container::CapacityContainerBuilder;
-use timely::dataflow::channels::pact::{Exchange, LogPuller, LogPusher, ParallelizationContract};
+use timely::dataflow::channels::pact::{LogPuller, LogPusher, ParallelizationContract};
 use timely::dataflow::channels::Message;
 use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
 use timely::dataflow::operators::generic::OutputBuilder;
@@ -57,10 +57,7 @@ where
         logging: Option<TimelyLogger>,
     ) -> (Self::Pusher, Self::Puller) {
         match self {
-            KeyPact::Exchange(route) => {
-                let (push, pull) = Exchange::new(route).connect(worker, identifier, address, logging);
-                (Box::new(push), pull)
-            }
+            KeyPact::Exchange(route) => crate::flow::exchange(route).connect(worker, identifier, address, logging),
             KeyPact::Local => {
                 let (push, pull) = worker.pipeline::<Batch<D>>(identifier, address);
                 let index = worker.index();

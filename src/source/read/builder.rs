@@ -1,4 +1,4 @@
-//! [`Read`]: a source read into a dataflow, configured step by step.
+//! [`FromSource`]: a source read into a dataflow, configured step by step.
 
 use std::sync::Arc;
 
@@ -23,7 +23,7 @@ use crate::Timestamp;
 /// // greatest time seen is on time.
 /// let clicks = Arc::new(MemorySource::new(vec![vec![(1u32, 1_000u64), (2, 9_000)], vec![(1, 6_500)]]));
 /// let captured = timely::example(move |scope| {
-///     let read = Read::new(clicks, |c: &(u32, u64)| c.1)
+///     let read = FromSource::new(clicks, |c: &(u32, u64)| c.1)
 ///         .named("clicks")
 ///         .watermark(WatermarkStrategy::bounded(3.secs()))
 ///         .batch_size(1) // the watermark advances after every record
@@ -36,7 +36,7 @@ use crate::Timestamp;
 /// assert_eq!(times, [1_000, 6_500, 9_000]);
 /// ```
 #[derive(Debug)]
-pub struct Read<S, TF> {
+pub struct FromSource<S, TF> {
     source: Arc<S>,
     time_of: TF,
     options: SourceOptions,
@@ -44,10 +44,16 @@ pub struct Read<S, TF> {
     probe: Option<ProbeHandle<Timestamp>>,
 }
 
-impl<S: Source, TF: Fn(&S::Record) -> Timestamp + 'static> Read<S, TF> {
+impl<S: Source, TF: Fn(&S::Record) -> Timestamp + 'static> FromSource<S, TF> {
     /// Reads `source`, whose records' event time is `time_of(record)`.
     pub fn new(source: Arc<S>, time_of: TF) -> Self {
-        Read { source, time_of, options: SourceOptions::default(), metrics: SourceMetrics::default(), probe: None }
+        FromSource {
+            source,
+            time_of,
+            options: SourceOptions::default(),
+            metrics: SourceMetrics::default(),
+            probe: None,
+        }
     }
 
     /// Every setting at once (the fields of [`SourceOptions`]).

@@ -19,6 +19,10 @@ pub struct SourceMetrics {
     pub dead_letters: Counter,
     /// Records that were late when read (below their partition's watermark).
     pub late: Counter,
+    /// Microseconds the source spent paused because too many records were
+    /// in flight between the workers (downstream was slower than the
+    /// source): see [`SourceOptions::max_in_flight`](crate::source::SourceOptions::max_in_flight).
+    pub throttled_us: Counter,
     /// The greatest event time read so far.
     pub max_event_time: Arc<AtomicU64>,
     /// Errors a partition failed with (the source then holds its watermark

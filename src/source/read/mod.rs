@@ -17,7 +17,7 @@ mod options;
 mod partition;
 
 pub use board::WatermarkBoard;
-pub use builder::Read;
+pub use builder::FromSource;
 pub use metrics::{run_until_failed, Failing, JobFailed, SourceMetrics};
 pub use options::{RetryPolicy, SourceOptions};
 
@@ -128,6 +128,7 @@ where
         totals.count(&format!("{}.records", options.name), &metrics.records);
         totals.count(&format!("{}.dead_letters", options.name), &metrics.dead_letters);
         totals.count(&format!("{}.late_read", options.name), &metrics.late);
+        totals.count(&format!("{}.throttled_us", options.name), &metrics.throttled_us);
     }
     let restored = checkpoints.as_ref().and_then(|c| c.restored_partitions(&options.name));
     if let Some(restored) = restored {
@@ -165,7 +166,12 @@ where
     let mut dead_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<DeadLetter>>>>::from(dead_out);
     let mut reading = Reading::<S, TF> {
         concurrent: source.concurrent_partitions().max(1),
-        credit: Credit::new(probe, options.max_in_flight),
+        credit: Credit::new(
+            probe,
+            options.max_in_flight,
+            highwater_operators::flow::InFlight::of(&scope),
+            metrics.throttled_us.clone(),
+        ),
         options,
         metrics: metrics.clone(),
         time_of,

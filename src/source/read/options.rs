@@ -22,8 +22,14 @@ pub struct SourceOptions {
     /// before it: a file small enough for one call shows no late records;
     /// `1` judges every record against the ones before it.
     pub batch_size: usize,
-    /// Records read but not yet past the probe (the sinks' frontier) above which
-    /// the source pauses; see [`read`](crate::source::read()).
+    /// Flow control: the source pauses while more than this many records
+    /// per worker of its process are in flight between the workers (sent
+    /// into an exchange and not yet taken by the operator they go to), so
+    /// that a slow sink or operator slows the sources down and memory stays
+    /// bounded. Records an operator holds as state do not count: a window
+    /// waiting for the watermark never stops its sources. Counted in a
+    /// [`Job`](crate::Job) (or with `highwater::operators::flow::InFlight::configure`);
+    /// otherwise against the probe given to [`read`](crate::source::read()).
     pub max_in_flight: usize,
     /// Offsets to start partitions from (by partition index), e.g. on recovery.
     pub start_offsets: Vec<(usize, Offset)>,

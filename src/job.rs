@@ -46,7 +46,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::checkpoint::{CheckpointConfig, CheckpointError, Checkpoints};
 use crate::cluster::{checkpoint_membership, config_from_args, ClusterError, StartError};
-use crate::source::{run_until_failed, Failing};
+use crate::source::Failing;
 use crate::totals::{Totals, TOTALS_KEY};
 use highwater_operators::checkpoint::CheckpointId;
 use highwater_operators::flow::InFlight;
@@ -229,7 +229,7 @@ impl Job {
         E: std::fmt::Display,
         F: Fn(&mut timely::worker::Worker) -> Result<T, E> + Send + Sync + 'static,
     {
-        let Job { mut config, checkpoints, coordinator, verify, in_flight: _ } = self;
+        let Job { mut config, checkpoints, coordinator, verify, in_flight } = self;
         let checkpoints = match checkpoints {
             Some(ck) => Some(match checkpoint_membership(&config, coordinator.as_deref())? {
                 Some(membership) => Checkpoints::open_member(ck, membership)?,
@@ -268,6 +268,10 @@ impl Job {
                 }
                 JobError::Worker { worker: index, error }
             };
+            // Several processes: their receipts for flow control, on a
+            // dataflow built first on every worker.
+            let board = (in_flight.processes() > 1 && !complete)
+                .then(|| crate::board::Board::build(worker, in_flight.clone(), index % threads == 0));
             let output = match build(worker) {
                 Ok(output) => output,
                 Err(e) => {
@@ -295,7 +299,8 @@ impl Job {
             if let Some(ck) = ck.as_ref() {
                 watched.push(ck);
             }
-            run_until_failed(worker, &watched).map_err(|e| JobError::Worker { worker: index, error: e.0 })?;
+            crate::source::run_with_board(worker, &watched, board)
+                .map_err(|e| JobError::Worker { worker: index, error: e.0 })?;
             // One worker per process gives the process's sums.
             let mine = if index % threads == 0 { totals.local() } else { BTreeMap::new() };
             match crate::totals::sum_over_job(worker, mine) {

@@ -16,6 +16,7 @@
 
 #![forbid(missing_docs)]
 
+mod board;
 pub mod cdc;
 pub mod cep;
 pub mod checkpoint;

@@ -10,10 +10,13 @@
 //! worker is blocked writing to a slow output) count. The count is kept per
 //! process ([`InFlight`], shared by its workers through the timely
 //! configuration, see [`InFlight::configure`]) by every exchange of the
-//! operators ([`exchange`]): a pusher counts the records it sends to a
-//! worker of its own process, a puller the records it takes that came from
-//! one. Records exchanged with other processes are not counted (each
-//! process bounds what it holds for its own workers).
+//! operators ([`exchange`]): a pusher counts the records it sends to each
+//! process, a puller the records it takes from each. Records sent to another
+//! process count as in flight until that process reports having taken them:
+//! a `Job` of several processes exchanges those receipts between its
+//! processes every few milliseconds ([`InFlight::receipts`],
+//! [`InFlight::acknowledge`]); without such reports (a computation run
+//! without a `Job`), only the records exchanged within the process count.
 
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,9 +46,17 @@ pub struct InFlight(Arc<Counts>);
 struct Counts {
     sent: AtomicU64,
     received: AtomicU64,
-    /// This process's workers: `first..first + threads`.
-    first: usize,
+    /// This process's index and workers (`process · threads ..`).
+    process: usize,
     threads: usize,
+    /// Per process: records sent to its workers, records taken from its
+    /// workers, and the records it has reported taking from this process.
+    sent_to: Vec<AtomicU64>,
+    received_from: Vec<AtomicU64>,
+    acknowledged: Vec<AtomicU64>,
+    /// Whether the processes report their receipts (else records sent to
+    /// other processes do not count).
+    reported: std::sync::atomic::AtomicBool,
 }
 
 impl InFlight {
@@ -55,12 +66,22 @@ impl InFlight {
     /// does this itself; a program that calls `timely::execute` directly
     /// calls it on its configuration first.
     pub fn configure(config: &mut timely::Config) -> InFlight {
-        let (first, threads) = match &config.communication {
-            timely::CommunicationConfig::Thread => (0, 1),
-            timely::CommunicationConfig::Process(n) | timely::CommunicationConfig::ProcessBinary(n) => (0, *n),
-            timely::CommunicationConfig::Cluster { threads, process, .. } => (process * threads, *threads),
+        let (process, processes, threads) = match &config.communication {
+            timely::CommunicationConfig::Thread => (0, 1, 1),
+            timely::CommunicationConfig::Process(n) | timely::CommunicationConfig::ProcessBinary(n) => (0, 1, *n),
+            timely::CommunicationConfig::Cluster { threads, process, addresses, .. } => {
+                (*process, addresses.len(), *threads)
+            }
         };
-        let counts = InFlight(Arc::new(Counts { first, threads, ..Counts::default() }));
+        let per_process = || (0..processes).map(|_| AtomicU64::new(0)).collect::<Vec<_>>();
+        let counts = InFlight(Arc::new(Counts {
+            process,
+            threads: threads.max(1),
+            sent_to: per_process(),
+            received_from: per_process(),
+            acknowledged: per_process(),
+            ..Counts::default()
+        }));
         config.worker.set(KEY.to_owned(), counts.clone());
         counts
     }
@@ -75,40 +96,80 @@ impl InFlight {
         scope.worker().config().get::<InFlight>(KEY).cloned()
     }
 
-    /// Records sent to this process's workers and not yet taken.
+    /// Records this process sent and the workers they went to have not yet
+    /// taken: to its own workers, and (if the processes report their
+    /// receipts) to other processes' workers.
     pub fn records(&self) -> u64 {
         // Read in this order, a record taken between the two reads is not
         // counted twice as taken.
         let received = self.0.received.load(Ordering::Acquire);
-        self.0.sent.load(Ordering::Acquire).saturating_sub(received)
+        let mut records = self.0.sent.load(Ordering::Acquire).saturating_sub(received);
+        if self.0.reported.load(Ordering::Acquire) {
+            for (sent, acknowledged) in self.0.sent_to.iter().zip(&self.0.acknowledged) {
+                let acknowledged = acknowledged.load(Ordering::Acquire);
+                records += sent.load(Ordering::Acquire).saturating_sub(acknowledged);
+            }
+        }
+        records
     }
 
     /// The number of workers of this process.
     pub fn threads(&self) -> usize {
-        self.0.threads.max(1)
+        self.0.threads
     }
 
-    fn is_local(&self, worker: usize) -> bool {
-        (self.0.first..self.0.first + self.0.threads).contains(&worker)
+    /// This process's index.
+    pub fn process(&self) -> usize {
+        self.0.process
+    }
+
+    /// The number of processes.
+    pub fn processes(&self) -> usize {
+        self.0.sent_to.len().max(1)
+    }
+
+    /// The records this process's workers have taken from each process's
+    /// workers so far, by process: what it reports to the others.
+    pub fn receipts(&self) -> Vec<u64> {
+        self.0.received_from.iter().map(|r| r.load(Ordering::Acquire)).collect()
+    }
+
+    /// Process `from` reports having taken `records` from this process's
+    /// workers so far; from now on, records sent to other processes count
+    /// until they report them taken.
+    pub fn acknowledge(&self, from: usize, records: u64) {
+        if let Some(acknowledged) = self.0.acknowledged.get(from) {
+            acknowledged.fetch_max(records, Ordering::AcqRel);
+        }
+        self.0.reported.store(true, Ordering::Release);
+    }
+
+    fn process_of(&self, worker: usize) -> usize {
+        worker / self.0.threads
     }
 }
 
-/// Counts what it pushes to a worker of its process.
+/// Counts what it pushes to one worker: as sent within the process, or to
+/// the worker's process.
 struct CountingPush<P> {
     inner: P,
-    counts: Option<Arc<Counts>>,
+    counter: Option<(Arc<Counts>, Option<usize>)>,
 }
 
 impl<T, D, P: Push<Message<T, Vec<D>>>> Push<Message<T, Vec<D>>> for CountingPush<P> {
     fn push(&mut self, message: &mut Option<Message<T, Vec<D>>>) {
-        if let (Some(counts), Some(message)) = (self.counts.as_ref(), message.as_ref()) {
-            counts.sent.fetch_add(message.data.len() as u64, Ordering::AcqRel);
+        if let (Some((counts, remote)), Some(message)) = (self.counter.as_ref(), message.as_ref()) {
+            let n = message.data.len() as u64;
+            match remote {
+                None => counts.sent.fetch_add(n, Ordering::AcqRel),
+                Some(process) => counts.sent_to[*process].fetch_add(n, Ordering::AcqRel),
+            };
         }
         self.inner.push(message);
     }
 }
 
-/// Counts what it takes that came from a worker of its process.
+/// Counts what it takes, by the process of the worker it came from.
 struct CountingPull<P> {
     inner: P,
     counts: Option<InFlight>,
@@ -118,8 +179,12 @@ impl<T, D, P: Pull<Message<T, Vec<D>>>> Pull<Message<T, Vec<D>>> for CountingPul
     fn pull(&mut self) -> &mut Option<Message<T, Vec<D>>> {
         let message = self.inner.pull();
         if let (Some(counts), Some(m)) = (self.counts.as_ref(), message.as_ref()) {
-            if counts.is_local(m.from) {
-                counts.0.received.fetch_add(m.data.len() as u64, Ordering::AcqRel);
+            let n = m.data.len() as u64;
+            let from = counts.process_of(m.from);
+            if from == counts.0.process {
+                counts.0.received.fetch_add(n, Ordering::AcqRel);
+            } else if let Some(received) = counts.0.received_from.get(from) {
+                received.fetch_add(n, Ordering::AcqRel);
             }
         }
         message
@@ -163,8 +228,11 @@ where
             .enumerate()
             .map(|(target, sender)| {
                 let sender = LogPusher::new(sender, index, target, identifier, logging.clone());
-                let local = counts.as_ref().filter(|c| c.is_local(target)).map(|c| Arc::clone(&c.0));
-                CountingPush { inner: sender, counts: local }
+                let counter = counts.as_ref().map(|c| {
+                    let process = c.process_of(target);
+                    (Arc::clone(&c.0), (process != c.0.process).then_some(process))
+                });
+                CountingPush { inner: sender, counter }
             })
             .collect();
         let distributor =

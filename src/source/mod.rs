@@ -17,6 +17,7 @@ mod decode;
 mod file;
 mod memory;
 mod read;
+pub(crate) use read::run_with_board;
 
 pub use decode::{Decode, DecodeError, JsonDecoder};
 pub use file::{JsonLines, JsonLinesReader, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_RECORD_SIZE};

@@ -79,10 +79,39 @@ impl Failing for crate::checkpoint::Checkpoints {
 /// checkpoints): then the worker's dataflows are dropped (nothing downstream
 /// sees an end of input that did not happen) and the failures are returned.
 pub fn run_until_failed(worker: &mut timely::worker::Worker, watched: &[&dyn Failing]) -> Result<(), JobFailed> {
+    run_with_board(worker, watched, None)
+}
+
+/// [`run_until_failed`], reporting flow-control receipts to the other
+/// processes on `board` meanwhile (the board's own dataflow does not count:
+/// the job has completed when only it is left; it is closed then).
+pub(crate) fn run_with_board(
+    worker: &mut timely::worker::Worker,
+    watched: &[&dyn Failing],
+    mut board: Option<crate::board::Board>,
+) -> Result<(), JobFailed> {
     let failures = || watched.iter().filter_map(|w| w.failure()).collect::<Vec<_>>();
     let mut failed = Vec::new();
-    while failed.is_empty() && worker.step_or_park(Some(Duration::from_millis(50))) {
+    // With a board, a parked worker still wakes up to report.
+    let park = Duration::from_millis(if board.is_some() { 2 } else { 50 });
+    while failed.is_empty() {
+        if let Some(board) = board.as_mut() {
+            board.tick();
+        }
+        let more = worker.step_or_park(Some(park));
         failed = failures();
+        let done = match board.as_ref() {
+            Some(board) => worker.installed_dataflows().iter().all(|d| *d == board.dataflow),
+            None => !more,
+        };
+        if done {
+            break;
+        }
+    }
+    if failed.is_empty() {
+        if let Some(board) = board.take() {
+            board.close(worker);
+        }
     }
     if failed.is_empty() {
         // The dataflows completed; a failure in their last steps still counts.

@@ -18,6 +18,7 @@ mod partition;
 
 pub use board::WatermarkBoard;
 pub use builder::FromSource;
+pub(crate) use metrics::run_with_board;
 pub use metrics::{run_until_failed, Failing, JobFailed, SourceMetrics};
 pub use options::{RetryPolicy, SourceOptions};
 

@@ -1,0 +1,88 @@
+//! Receipts between the processes of a job, for flow control: every few
+//! milliseconds, one worker per process broadcasts how many records its
+//! process's workers have taken from each process's workers
+//! ([`InFlight::receipts`]), and every process learns how many of the
+//! records it sent the others have taken ([`InFlight::acknowledge`]). A
+//! small dataflow of its own, built on every worker before the job's, and
+//! closed once the job's dataflows have completed.
+
+use std::time::{Duration, Instant};
+
+use highwater_operators::flow::InFlight;
+use timely::container::CapacityContainerBuilder;
+use timely::dataflow::operators::vec::Broadcast;
+use timely::dataflow::operators::{Input, Inspect, Probe};
+use timely::dataflow::{InputHandle, ProbeHandle};
+
+/// How often a process reports its receipts (when they changed).
+const EVERY: Duration = Duration::from_millis(2);
+
+/// How long a worker waits for the other processes to close their boards.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A process's report: its index, and the records its workers have taken
+/// from each process's workers.
+type Report = (usize, Vec<u64>);
+
+/// One worker's end of the receipts' exchange.
+pub(crate) struct Board {
+    input: InputHandle<u64, CapacityContainerBuilder<Vec<Report>>>,
+    probe: ProbeHandle<u64>,
+    in_flight: InFlight,
+    /// Whether this worker reports for its process (its first worker).
+    reports: bool,
+    last: (Instant, Vec<u64>),
+    /// The board's dataflow.
+    pub(crate) dataflow: usize,
+}
+
+impl Board {
+    /// Builds the board on `worker`; `reports` on one worker per process.
+    pub(crate) fn build(worker: &mut timely::worker::Worker, in_flight: InFlight, reports: bool) -> Board {
+        let dataflow = worker.next_dataflow_index();
+        let process = in_flight.process();
+        let learn = in_flight.clone();
+        let (input, probe) = worker.dataflow::<u64, _, _>(|scope| {
+            let (input, stream) = scope.new_input::<Vec<Report>>();
+            let (probe, _) = stream
+                .broadcast()
+                .inspect(move |(from, receipts)| {
+                    if let Some(mine) = receipts.get(process) {
+                        learn.acknowledge(*from, *mine);
+                    }
+                })
+                .probe();
+            (input, probe)
+        });
+        Board { input, probe, in_flight, reports, last: (Instant::now(), Vec::new()), dataflow }
+    }
+
+    /// Reports this process's receipts if they changed and it is time.
+    pub(crate) fn tick(&mut self) {
+        if !self.reports || self.last.0.elapsed() < EVERY {
+            return;
+        }
+        let receipts = self.in_flight.receipts();
+        if receipts != self.last.1 {
+            self.input.send((self.in_flight.process(), receipts.clone()));
+            self.input.flush();
+        }
+        self.last = (Instant::now(), receipts);
+    }
+
+    /// Closes the board and steps `worker` until every process has closed
+    /// its own (or [`CLOSE_TIMEOUT`] has passed: then it is dropped).
+    pub(crate) fn close(self, worker: &mut timely::worker::Worker) {
+        let Board { input, probe, dataflow, .. } = self;
+        input.close();
+        let deadline = Instant::now() + CLOSE_TIMEOUT;
+        while !probe.done() {
+            if Instant::now() > deadline {
+                tracing::warn!("the other processes did not close their flow-control boards: dropped");
+                worker.drop_dataflow(dataflow);
+                return;
+            }
+            worker.step_or_park(Some(Duration::from_millis(5)));
+        }
+    }
+}

@@ -89,7 +89,8 @@ pub(super) struct NexmarkArgs {
     /// Records per source read (the watermark advances between reads).
     #[arg(long, default_value_t = 4096)]
     batch_size: usize,
-    /// Records in flight (read, not yet past the outputs) before sources pause.
+    /// Records in flight between the workers (sent, not yet taken by the
+    /// operator they go to) per worker, above which the sources pause.
     #[arg(long, default_value_t = 100_000)]
     max_in_flight: usize,
     /// Print a progress line every second.

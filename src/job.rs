@@ -268,10 +268,6 @@ impl Job {
                 }
                 JobError::Worker { worker: index, error }
             };
-            // Several processes: their receipts for flow control, on a
-            // dataflow built first on every worker.
-            let board = (in_flight.processes() > 1 && !complete)
-                .then(|| crate::board::Board::build(worker, in_flight.clone(), index % threads == 0));
             let output = match build(worker) {
                 Ok(output) => output,
                 Err(e) => {
@@ -295,6 +291,12 @@ impl Job {
                     return Err(failed(worker, e.to_string()));
                 }
             }
+            // Several processes: their receipts for flow control, on a
+            // dataflow of their own, built after the job's (whose operators'
+            // addresses, and so their checkpointed state's names, are then
+            // the same on any number of processes) on every worker.
+            let board = (in_flight.processes() > 1)
+                .then(|| crate::board::Board::build(worker, in_flight.clone(), index % threads == 0));
             let mut watched: Vec<&dyn Failing> = vec![&failures];
             if let Some(ck) = ck.as_ref() {
                 watched.push(ck);

@@ -118,8 +118,12 @@ impl<S: Source, TF: Fn(&S::Record) -> Timestamp + 'static> FromSource<S, TF> {
         self
     }
 
-    /// Pauses while more than `max_in_flight` records have not passed
-    /// `probe` (the probe of the dataflow's outputs): backpressure.
+    /// Flow control with `max_in_flight` records per worker (see
+    /// [`SourceOptions::max_in_flight`]), and `probe`, the probe of the
+    /// dataflow's outputs: with checkpoints, it bounds what the source reads
+    /// ahead of a pending cut; in a computation whose records in flight are
+    /// not counted (not run as a [`Job`](crate::Job)), the source pauses
+    /// while its records have not passed it.
     pub fn paced_by(mut self, probe: &ProbeHandle<Timestamp>, max_in_flight: usize) -> Self {
         self.probe = Some(probe.clone());
         self.options.max_in_flight = max_in_flight;

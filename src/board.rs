@@ -75,14 +75,28 @@ impl Board {
     pub(crate) fn close(self, worker: &mut timely::worker::Worker) {
         let Board { input, probe, dataflow, .. } = self;
         input.close();
-        let deadline = Instant::now() + CLOSE_TIMEOUT;
-        while !probe.done() {
-            if Instant::now() > deadline {
-                tracing::warn!("the other processes did not close their flow-control boards: dropped");
-                worker.drop_dataflow(dataflow);
-                return;
-            }
-            worker.step_or_park(Some(Duration::from_millis(5)));
+        if !step_until_done(worker, &probe, dataflow, CLOSE_TIMEOUT) {
+            tracing::warn!("the other processes did not close their flow-control boards: dropped");
         }
     }
+}
+
+/// Steps `worker` until `probe`'s frontier is empty; if that takes longer
+/// than `timeout` (another process failed), drops `dataflow` and returns
+/// false.
+pub(crate) fn step_until_done(
+    worker: &mut timely::worker::Worker,
+    probe: &ProbeHandle<u64>,
+    dataflow: usize,
+    timeout: Duration,
+) -> bool {
+    let deadline = Instant::now() + timeout;
+    while !probe.done() {
+        if Instant::now() > deadline {
+            worker.drop_dataflow(dataflow);
+            return false;
+        }
+        worker.step_or_park(Some(Duration::from_millis(5)));
+    }
+    true
 }

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use highwater_operators::Counter;
 use timely::dataflow::operators::vec::Broadcast;
@@ -64,6 +64,7 @@ pub(crate) fn sum_over_job(
 ) -> Option<BTreeMap<String, u64>> {
     let sums = Arc::new(Mutex::new(BTreeMap::<String, u64>::new()));
     let into = Arc::clone(&sums);
+    let dataflow = worker.next_dataflow_index();
     let (mut input, probe) = worker.dataflow::<u64, _, _>(|scope| {
         let (input, stream) = scope.new_input::<Vec<(String, u64)>>();
         let (probe, _) = stream
@@ -78,15 +79,8 @@ pub(crate) fn sum_over_job(
         input.send(sum);
     }
     input.close();
-    let deadline = Instant::now() + EXCHANGE_TIMEOUT;
-    while !probe.done() {
-        if Instant::now() > deadline {
-            for dataflow in worker.installed_dataflows() {
-                worker.drop_dataflow(dataflow);
-            }
-            return None;
-        }
-        worker.step_or_park(Some(Duration::from_millis(10)));
+    if !crate::board::step_until_done(worker, &probe, dataflow, EXCHANGE_TIMEOUT) {
+        return None;
     }
     let sums = std::mem::take(&mut *sums.lock().unwrap_or_else(|e| e.into_inner()));
     Some(sums)

@@ -82,7 +82,7 @@ pub use rust_decimal::Decimal;
 /// and taken back leaves the sum as it was); `f64` sums are compensated
 /// (Neumaier), so rounding errors stay small, but a retraction need not undo
 /// an insertion to the last bit.
-pub trait Number: Copy + 'static {
+pub trait Number: Data + Copy {
     /// The running sum.
     type Acc: Clone + Default + std::fmt::Debug + Serialize + DeserializeOwned + Send + 'static;
     /// The average's type: `f64` for `i64` and `f64`, [`Decimal`] for decimals.
@@ -205,7 +205,7 @@ impl<F, V> Sum<F, V> {
     }
 }
 
-impl<D, V: Number + Data, F: Fn(&D) -> V + 'static> Aggregate<D> for Sum<F, V> {
+impl<D, V: Number, F: Fn(&D) -> V + 'static> Aggregate<D> for Sum<F, V> {
     /// (sum, number of records): the count tells an empty group from a zero sum.
     type Acc = (V::Acc, i64);
     type Output = V;
@@ -227,9 +227,10 @@ impl<D, V: Number + Data, F: Fn(&D) -> V + 'static> Aggregate<D> for Sum<F, V> {
 }
 
 /// The average of a numeric field, `SUM / COUNT`: in double precision for
-/// `i64` and `f64` fields, exact for [`Decimal`] ones (see [`Number`]).
+/// `i64` and `f64` fields, exact for [`Decimal`] ones (see [`Number`]). It
+/// keeps the accumulator of [`Sum`] (the sum and the number of records).
 #[derive(Clone, Copy, Debug)]
-pub struct Avg<F, V = i64>(F, PhantomData<fn() -> V>);
+pub struct Avg<F, V = i64>(Sum<F, V>);
 
 impl<F, V> Avg<F, V> {
     /// Averages `field(record)` over the records.
@@ -237,25 +238,22 @@ impl<F, V> Avg<F, V> {
     where
         F: Fn(&D) -> V,
     {
-        Avg(field, PhantomData)
+        Avg(Sum::of(field))
     }
 }
 
 impl<D, V: Number, F: Fn(&D) -> V + 'static> Aggregate<D> for Avg<F, V> {
-    /// (sum, count).
     type Acc = (V::Acc, i64);
     type Output = V::Mean;
     fn init(&self) -> (V::Acc, i64) {
-        (V::Acc::default(), 0)
+        self.0.init()
     }
     #[inline]
     fn update(&self, acc: &mut (V::Acc, i64), record: &D, diff: Diff) {
-        V::add(&mut acc.0, (self.0)(record), diff);
-        acc.1 += diff;
+        self.0.update(acc, record, diff);
     }
     fn merge(&self, acc: &mut (V::Acc, i64), other: (V::Acc, i64)) {
-        V::merge(&mut acc.0, other.0);
-        acc.1 += other.1;
+        Aggregate::<D>::merge(&self.0, acc, other);
     }
     fn output(&self, acc: &(V::Acc, i64)) -> Option<V::Mean> {
         (acc.1 > 0).then(|| V::mean(&acc.0, acc.1))

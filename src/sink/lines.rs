@@ -221,10 +221,23 @@ pub fn write_lines(
     target: LineTarget,
     mode: SinkMode,
 ) -> SinkHandle {
+    write_line_sink(lines, "WriteLines", header, target, mode, false)
+}
+
+/// Runs a [`LineSink`] on `lines` (its rows JSON values if `json_rows`).
+fn write_line_sink(
+    lines: &EventStream<'_, String>,
+    name: &str,
+    header: Option<String>,
+    target: LineTarget,
+    mode: SinkMode,
+    json_rows: bool,
+) -> SinkHandle {
     // Discarded lines are only counted: no need to gather them on one worker.
     let placement = if matches!(target, LineTarget::Discard) { Placement::EachWorker } else { Placement::Worker0 };
-    write(lines, "WriteLines", placement, move |_worker, handle| {
-        LineSink::open(&target, header.as_deref(), mode, handle)
+    write(lines, name, placement, move |_worker, handle| {
+        let sink = LineSink::open(&target, header.as_deref(), mode, handle)?;
+        Ok(if json_rows { sink.json_rows() } else { sink })
     })
 }
 
@@ -244,10 +257,7 @@ pub fn write_json_lines<T: highwater_operators::key::Data>(
             serde_json::json!({ "error": format!("record not representable as JSON: {e}") }).to_string()
         })
     });
-    let placement = if matches!(target, LineTarget::Discard) { Placement::EachWorker } else { Placement::Worker0 };
-    write(&lines, "WriteJsonLines", placement, move |_worker, handle| {
-        LineSink::open(&target, None, mode, handle).map(LineSink::json_rows)
-    })
+    write_line_sink(&lines, "WriteJsonLines", None, target, mode, true)
 }
 
 #[cfg(test)]

@@ -46,6 +46,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::checkpoint::{CheckpointConfig, CheckpointError, Checkpoints};
 use crate::cluster::{checkpoint_membership, config_from_args, ClusterError, StartError};
+use crate::latency::Latency;
 use crate::source::Failing;
 use crate::totals::{Totals, TOTALS_KEY};
 use highwater_operators::checkpoint::CheckpointId;
@@ -159,6 +160,7 @@ pub struct Job {
     coordinator: Option<String>,
     verify: Option<Verify>,
     in_flight: InFlight,
+    latency: Option<Latency>,
 }
 
 impl std::fmt::Debug for Job {
@@ -177,7 +179,7 @@ impl Job {
     pub fn new(config: timely::Config) -> Self {
         let mut config = config;
         let in_flight = InFlight::configure(&mut config);
-        Job { config, checkpoints: None, coordinator: None, verify: None, in_flight }
+        Job { config, checkpoints: None, coordinator: None, verify: None, in_flight, latency: None }
     }
 
     /// A job on the layout timely's arguments describe: `-w` workers per
@@ -197,6 +199,24 @@ impl Job {
     /// sources pause on (flow control; for progress reports).
     pub fn in_flight(&self) -> InFlight {
         self.in_flight.clone()
+    }
+
+    /// Measures the job's latency ([`crate::latency`]): its sources keep
+    /// clocks, its sinks record how long after a record was read, and after
+    /// the watermark passed an update's time, they emitted it. Read it with
+    /// [`latency`](Self::latency) (before [`run`](Self::run): a handle that
+    /// sees the measurements as they are made).
+    pub fn measuring_latency(mut self) -> Self {
+        if self.latency.is_none() {
+            self.latency = Some(Latency::configure(&mut self.config));
+        }
+        self
+    }
+
+    /// The job's latency measurement, if it measures
+    /// ([`measuring_latency`](Self::measuring_latency)).
+    pub fn latency(&self) -> Option<Latency> {
+        self.latency.clone()
     }
 
     /// For a checkpointed job of several processes: where process 0
@@ -229,7 +249,7 @@ impl Job {
         E: std::fmt::Display,
         F: Fn(&mut timely::worker::Worker) -> Result<T, E> + Send + Sync + 'static,
     {
-        let Job { mut config, checkpoints, coordinator, verify, in_flight } = self;
+        let Job { mut config, checkpoints, coordinator, verify, in_flight, latency: _ } = self;
         let checkpoints = match checkpoints {
             Some(ck) => Some(match checkpoint_membership(&config, coordinator.as_deref())? {
                 Some(membership) => Checkpoints::open_member(ck, membership)?,

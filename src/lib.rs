@@ -27,6 +27,7 @@ pub mod dead_letter;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod job;
+pub mod latency;
 pub mod nexmark;
 pub mod sink;
 pub mod source;

@@ -96,6 +96,17 @@ pub(super) struct NexmarkArgs {
     /// Print a progress line every second.
     #[arg(long)]
     progress: bool,
+    /// Measure latency and print its percentiles at the end: from the
+    /// instant a source read a record to the instant the sink emitted an
+    /// update at its event time, and from the instant the watermark passed
+    /// an update's time (a window's end) to its emission. On one process.
+    #[arg(long)]
+    latency: bool,
+    /// Pace the input in processing time: at most this many events a second
+    /// over all workers (file and generator alike), to measure latency below
+    /// saturation.
+    #[arg(long, value_name = "EVENTS_PER_SECOND")]
+    rate_limit: Option<f64>,
     /// Read the events and count them without running the query: the
     /// baseline benchmarks compare queries with.
     #[arg(long)]
@@ -357,6 +368,16 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     let config = crate::cluster::config_from_args(&args.timely)?;
     let checkpointed = args.checkpoint_dir.is_some();
     let mut job = Job::new(config.clone());
+    if args.latency {
+        if matches!(&config.communication, timely::CommunicationConfig::Cluster { addresses, .. } if addresses.len() > 1)
+        {
+            bail!("--latency measures on one process (each process sees only its own sources' clocks): drop -n");
+        }
+        job = job.measuring_latency();
+    }
+    if let Some(rate) = args.rate_limit.filter(|r| !(*r > 0.0 && r.is_finite())) {
+        bail!("--rate-limit {rate}: give a positive number of events a second");
+    }
     if let Some(location) = &args.checkpoint_dir {
         let mut checkpoints = CheckpointConfig::new(location.clone())
             .every(Duration::from_millis(args.checkpoint_interval.0.max(1)))
@@ -420,6 +441,7 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
         idle_timeout: Some(Duration::from_millis(args.idle_timeout.0)),
         batch_size: args.batch_size.max(1),
         max_in_flight: args.max_in_flight,
+        rate_limit: args.rate_limit,
         start_offsets: Vec::new(),
         ..Default::default()
     };
@@ -431,6 +453,7 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     }
 
     let gauges = Gauges { in_flight: Some(job.in_flight()), ..Gauges::default() };
+    let latency = job.latency();
     // (row sinks, dead-letter sinks) of every worker.
     let sinks: Arc<std::sync::Mutex<(Vec<SinkHandle>, Vec<SinkHandle>)>> = Default::default();
     let started = Instant::now();
@@ -531,6 +554,9 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     // Over every process of the job (this process's own counts if another
     // process did not report).
     eprintln!("{}", summary(&gauges, &report.totals, started, rows));
+    if let Some(latency) = latency {
+        eprintln!("{}", latency.report());
+    }
     if !problems.is_empty() {
         bail!("{}", problems.join("; "));
     }

@@ -107,6 +107,9 @@ impl SinkHandle {
 
 /// Runs the sink made by `make(worker, handle)` on `stream`.
 ///
+/// In a job that measures its latency ([`crate::latency`]), the updates of
+/// each [`Sink::write`] call count as emitted when it returns.
+///
 /// The sink is made lazily, on the workers that run it. After its first error
 /// it is dropped (the error is in the returned handle) and the stream drained.
 pub fn write<T, S, F>(stream: &EventStream<'_, T>, name: &str, placement: Placement, make: F) -> SinkHandle
@@ -123,6 +126,9 @@ where
     let mut sink: Option<S> = None;
     let mut finished = false;
     let mut batch = Vec::new();
+    // Measuring latency: the event times of the batch being written.
+    let latency = crate::latency::Latency::of(&stream.scope()).filter(|_| runs_here);
+    let mut times = Vec::new();
     let logic = move |input: &mut timely::dataflow::operators::generic::InputHandleCore<_, Vec<Update<T>>, _>,
                       frontier: &timely::progress::frontier::MutableAntichain<Timestamp>| {
         if let Some(make) = make.take().filter(|_| runs_here) {
@@ -135,8 +141,17 @@ where
             for updates in data {
                 std::mem::swap(updates, &mut batch);
                 if let Some(s) = sink.as_mut() {
+                    if latency.is_some() {
+                        times.clear();
+                        times.extend(batch.iter().map(|u| u.1));
+                    }
                     match s.write(&mut batch) {
-                        Ok(n) => h.lines.add(n),
+                        Ok(n) => {
+                            h.lines.add(n);
+                            if let Some(latency) = latency.as_ref() {
+                                latency.emitted(&times);
+                            }
+                        }
                         Err(e) => {
                             h.fail(e);
                             sink = None;

@@ -98,6 +98,13 @@ impl<S: Source, TF: Fn(&S::Record) -> Timestamp + 'static> FromSource<S, TF> {
         self
     }
 
+    /// Paces the source in processing time: at most `records_per_second`
+    /// over all its partitions. See [`SourceOptions::rate_limit`].
+    pub fn rate_limit(mut self, records_per_second: f64) -> Self {
+        self.options.rate_limit = Some(records_per_second);
+        self
+    }
+
     /// How errors that may go away are retried.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.options.retry = policy;

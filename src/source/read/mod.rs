@@ -14,6 +14,7 @@ mod credit;
 mod cuts;
 mod metrics;
 mod options;
+mod pace;
 mod partition;
 
 pub use board::WatermarkBoard;
@@ -41,6 +42,7 @@ use crate::time::PartitionWatermark;
 use board::Posted;
 use credit::Credit;
 use cuts::SourceCuts;
+use pace::Pacer;
 use partition::Partition;
 
 /// The streams a source produces.
@@ -157,6 +159,11 @@ where
     }
     tracing::debug!(source = %options.name, worker = index, partitions = queue.len(), "opened source partitions");
     let cuts = checkpoints.map(|c| SourceCuts::<S::Reader>::new(c, &options.name, index));
+    // Paced: this worker's share of the rate, by its share of the partitions.
+    let pacer = options
+        .rate_limit
+        .filter(|_| !queue.is_empty())
+        .map(|rate| Pacer::new(rate * queue.len() as f64 / names.len() as f64, options.batch_size));
 
     let mut builder = OperatorBuilder::new(options.name.clone(), scope);
     let address = builder.operator_info().address;
@@ -185,6 +192,9 @@ where
         updates: Vec::new(),
         dead_letters: Vec::new(),
         highest: 0,
+        pacer,
+        due: usize::MAX,
+        latency: crate::latency::Latency::of(&scope),
     };
 
     builder.build(move |mut capabilities| {
@@ -218,6 +228,9 @@ where
                         activator.activate_after(Duration::from_millis(5));
                     }
                     None => {
+                        if let Some(latency) = reading.latency.as_ref() {
+                            latency.watermark(reading.index, END_OF_TIME);
+                        }
                         cap = None;
                         dead_cap = None;
                     }
@@ -225,7 +238,11 @@ where
                 return;
             }
             reading.advance(held, held_dead);
-            if any_data || reading.open.len() < reading.concurrent && !reading.queue.is_empty() {
+            // Paced and read up to the pace: back when the next record is due.
+            let paced = reading.pacer.as_ref().map(|p| p.wait(Instant::now())).filter(|w| !w.is_zero());
+            if let Some(wait) = paced {
+                activator.activate_after(wait.min(Duration::from_millis(1)));
+            } else if any_data || reading.open.len() < reading.concurrent && !reading.queue.is_empty() {
                 activator.activate();
             } else {
                 activator.activate_after(Duration::from_millis(1));
@@ -272,6 +289,13 @@ struct Reading<S: Source, TF> {
     dead_letters: Vec<DeadLetter>,
     /// The highest watermark any partition of this worker has reached.
     highest: Timestamp,
+    /// With a rate limit: the worker's pace, and the records due in this
+    /// activation (unlimited without one).
+    pacer: Option<Pacer>,
+    due: usize,
+    /// The job's latency measurement, if it measures: this worker's reads
+    /// and watermarks go on its clock.
+    latency: Option<crate::latency::Latency>,
 }
 
 impl<S, TF> Reading<S, TF>
@@ -341,6 +365,7 @@ where
         now: Instant,
     ) -> bool {
         let may_read = self.credit.may_read(now);
+        self.due = self.pacer.as_mut().map_or(usize::MAX, |p| p.due(now));
         // A pending cut: partitions behind its time read on even without
         // credit, since the cut completes only once they pass it. What the
         // others read meanwhile waits at the checkpoint gates until the cut
@@ -395,6 +420,9 @@ where
         dead: &mut Active<'_, DeadLetter>,
         now: Instant,
     ) -> bool {
+        if self.due == 0 {
+            return false; // paced: nothing more is due in this activation
+        }
         let emit_at = emit_time(held, partition);
         // With checkpoints: where the partition stood before this batch.
         let before = self.cuts.is_some().then(|| partition.mark(emit_at));
@@ -403,6 +431,7 @@ where
             now,
             emit_at,
             self.concurrent < usize::MAX,
+            self.due,
             &self.time_of,
             &mut self.updates,
             &mut self.dead_letters,
@@ -415,6 +444,11 @@ where
             self.fail(error);
         }
         let any_data = !self.updates.is_empty() || !self.dead_letters.is_empty();
+        if let Some(pacer) = self.pacer.as_mut() {
+            let n = self.updates.len() + self.dead_letters.len();
+            pacer.took(n);
+            self.due -= n.min(self.due);
+        }
         if any_data {
             partition.got_data(now);
             if let (Some(cuts), Some(before)) = (self.cuts.as_mut(), before) {
@@ -431,6 +465,9 @@ where
                 let at = held.delayed(&emit_at);
                 events.session(&at).give_container(&mut self.updates);
                 self.updates.clear();
+                if let Some(latency) = self.latency.as_ref() {
+                    latency.read(self.index, batch.max_time);
+                }
                 self.credit.sent(emit_at, n);
             }
             if !self.dead_letters.is_empty() {
@@ -480,6 +517,9 @@ where
             }
             held.downgrade(&w);
             held_dead.downgrade(&w);
+            if let Some(latency) = self.latency.as_ref() {
+                latency.watermark(self.index, w);
+            }
         }
         if let Some(cuts) = self.cuts.as_mut() {
             cuts.report(Some((*held.time(), (&mut self.open, &mut self.queue))));

@@ -43,6 +43,14 @@ pub struct SourceOptions {
     /// How errors that may go away (timeouts, interruptions) are retried
     /// before the source fails.
     pub retry: RetryPolicy,
+    /// Paces the source in processing time: at most this many records a
+    /// second over all its partitions (each worker reads its partitions'
+    /// share), e.g. to measure latency below saturation
+    /// ([`crate::latency`]). `None` (the default) reads as fast as the
+    /// dataflow takes records. Batches then hold what was due when they
+    /// were read, so which records are late depends on timing, as for a
+    /// live source (see [`read`](crate::source::read())'s determinism).
+    pub rate_limit: Option<f64>,
 }
 
 /// How a source retries a partition's read after an error that may go away
@@ -94,6 +102,7 @@ impl Default for SourceOptions {
             start_offsets: Vec::new(),
             board: WatermarkBoard::default(),
             retry: RetryPolicy::default(),
+            rate_limit: None,
         }
     }
 }

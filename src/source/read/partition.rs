@@ -127,6 +127,7 @@ impl<R: PartitionReader> Partition<R> {
         now: Instant,
         emit_at: Timestamp,
         start_small: bool,
+        limit: usize,
         time_of: impl Fn(&D) -> Timestamp,
         updates: &mut Vec<Update<D>>,
         dead: &mut Vec<DeadLetter>,
@@ -141,7 +142,7 @@ impl<R: PartitionReader> Partition<R> {
             late += u64::from(time < emit_at);
             updates.push((record, time, 1));
         };
-        let max = if self.started() || !start_small { options.batch_size } else { 1 };
+        let max = if self.started() || !start_small { options.batch_size } else { 1 }.min(limit);
         let status = match self.reader.read(max, &mut take, dead) {
             Ok(status) => {
                 self.retries = 0;

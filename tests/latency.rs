@@ -1,7 +1,9 @@
-//! Latency measurement and paced sources (`highwater::latency`,
-//! `SourceOptions::rate_limit`): a known delay in the sink shows in both
-//! histograms, every update is measured against the right clock, and a paced
-//! source takes at least as long as its rate says.
+//! Latency measurement, paced sources and watermarks by processing time
+//! (`highwater::latency`, `SourceOptions::rate_limit`,
+//! `SourceOptions::watermark_interval`): a known delay in the sink shows in
+//! both histograms, every update is measured against the right clock, a
+//! paced source takes at least as long as its rate says, and a watermark
+//! interval makes few, large steps of event time with the same results.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -137,4 +139,59 @@ fn the_nexmark_command_prints_latency_percentiles() {
         .expect("runs");
     assert!(!err.status.success());
     assert!(String::from_utf8_lossy(&err.stderr).contains("--rate-limit"), "a clear error");
+}
+
+/// The distinct times batches of records went out at, and the counts of
+/// 100 ms tumbling windows, for 600 records (times 0, 10, …) in two
+/// partitions read one at a time at 1 000 a second, with or without a
+/// watermark interval.
+fn steps(interval: Option<u64>) -> (usize, Vec<u64>) {
+    let partitions: Vec<Vec<u64>> = (0..2).map(|p| (0..600).filter(|i| i % 2 == p).map(|i| i * 10).collect()).collect();
+    let source = Arc::new(MemorySource::new(partitions));
+    let times: Arc<Mutex<std::collections::BTreeSet<(usize, Timestamp)>>> = Arc::default();
+    let counts = highwater::sink::Collected::<u64>::default();
+    let (t, c) = (Arc::clone(&times), counts.clone());
+    Job::new(timely::Config::process(2))
+        .run(move |worker| -> Result<(), String> {
+            let (source, times, counts) = (Arc::clone(&source), Arc::clone(&t), c.clone());
+            let index = worker.index();
+            worker.dataflow::<Timestamp, _, _>(move |scope| {
+                let mut read = FromSource::new(source, |t: &u64| *t)
+                    .watermark(WatermarkStrategy::Monotonous)
+                    .batch_size(1)
+                    .never_idle()
+                    .rate_limit(1_000.0);
+                if let Some(ms) = interval {
+                    read = read.watermark_interval(ms);
+                }
+                let read = read.build(scope).map_err(|e| e.to_string())?;
+                use timely::dataflow::channels::pact::Pipeline;
+                use timely::dataflow::operators::generic::Operator;
+                read.events.inner.clone().sink(Pipeline, "Times", move |(input, _)| {
+                    input.for_each_stamp(|cap, _| {
+                        times.lock().unwrap().insert((index, *cap.least().expect("a stamp")));
+                    });
+                });
+                let windows = read.events.window(Tumbling::of(100)).aggregate(Count);
+                highwater::sink::collect(&windows.results.map(|r| r.value), &counts);
+                Ok::<_, String>(())
+            })
+        })
+        .expect("the job runs");
+    let distinct = times.lock().unwrap().len();
+    let mut values = counts.rows();
+    values.sort();
+    (distinct, values)
+}
+
+#[test]
+fn a_watermark_interval_makes_few_steps_of_event_time_with_the_same_results() {
+    let (per_batch, per_batch_counts) = steps(None);
+    let (per_interval, per_interval_counts) = steps(Some(100));
+    assert_eq!(per_batch_counts, vec![10; 60], "one count of 10 per 100 ms window");
+    assert_eq!(per_interval_counts, per_batch_counts, "the same results");
+    // 0.6 s of reading, a step per 100 ms per worker: a dozen or so; after
+    // every record: hundreds.
+    assert!(per_batch >= 300, "{per_batch} steps after every record");
+    assert!(per_interval <= 30, "{per_interval} steps with a 100 ms interval");
 }

@@ -89,6 +89,10 @@ pub(super) struct NexmarkArgs {
     /// Records per source read (the watermark advances between reads).
     #[arg(long, default_value_t = 4096)]
     batch_size: usize,
+    /// Advance the watermark at most once per this interval of processing
+    /// time (e.g. 200ms), instead of after every read of --batch-size records.
+    #[arg(long)]
+    watermark_interval: Option<Millis>,
     /// Records in flight between the workers (sent, not yet taken by the
     /// operator they go to) per worker, above which the sources pause.
     #[arg(long, default_value_t = 100_000)]
@@ -442,6 +446,7 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
         batch_size: args.batch_size.max(1),
         max_in_flight: args.max_in_flight,
         rate_limit: args.rate_limit,
+        watermark_interval: args.watermark_interval.map(|i| Duration::from_millis(i.0)),
         start_offsets: Vec::new(),
         ..Default::default()
     };

@@ -105,6 +105,14 @@ impl<S: Source, TF: Fn(&S::Record) -> Timestamp + 'static> FromSource<S, TF> {
         self
     }
 
+    /// Advances the watermark at most once per `interval` of processing
+    /// time instead of after every batch. See
+    /// [`SourceOptions::watermark_interval`].
+    pub fn watermark_interval(mut self, interval: impl IntoMillis) -> Self {
+        self.options.watermark_interval = Some(std::time::Duration::from_millis(interval.into_millis()));
+        self
+    }
+
     /// How errors that may go away are retried.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.options.retry = policy;

@@ -377,6 +377,8 @@ where
                 .is_none_or(|time| self.credit.below_at_or_after(time, self.options.max_in_flight / AHEAD_OF_CUT));
         let behind = |p: &Partition<S::Reader>| pending.is_some_and(|time| emit_time(held, p) < time);
         let mut any_data = false;
+        let interval = self.options.watermark_interval;
+        self.open.iter_mut().chain(self.queue.iter_mut()).for_each(|p| p.publish(now, interval));
         let mut queue = std::mem::take(&mut self.queue);
         for partition in queue.iter_mut() {
             let mut reads = 0;
@@ -458,7 +460,7 @@ where
             }
             let n = self.updates.len();
             if n > 0 {
-                partition.watermark.observe(batch.max_time);
+                partition.observe(batch.max_time, now, self.options.watermark_interval);
                 self.metrics.records.add(n as u64);
                 self.metrics.late.add(batch.late);
                 self.metrics.max_event_time.fetch_max(batch.max_time, Ordering::Relaxed);

@@ -22,6 +22,14 @@ pub struct SourceOptions {
     /// before it: a file small enough for one call shows no late records;
     /// `1` judges every record against the ones before it.
     pub batch_size: usize,
+    /// Advance each partition's watermark by processing time instead: at
+    /// most once per this interval (as Flink's `autoWatermarkInterval`), and
+    /// not after every batch. Batches in between go out at the same
+    /// watermark, so fewer, larger steps of event time reach the operators
+    /// (less work per record for windows that fire per step), at the cost of
+    /// up to one interval of latency; which records are late then depends
+    /// on timing. `None` (the default): after every batch, deterministic.
+    pub watermark_interval: Option<Duration>,
     /// Flow control: the source pauses while more than this many records
     /// per worker of its process are in flight between the workers (sent
     /// into an exchange and not yet taken by the operator they go to), so
@@ -98,6 +106,7 @@ impl Default for SourceOptions {
             watermark: WatermarkStrategy::default(),
             idle_timeout: Some(Duration::from_secs(5)),
             batch_size: 4096,
+            watermark_interval: None,
             max_in_flight: 100_000,
             start_offsets: Vec::new(),
             board: WatermarkBoard::default(),

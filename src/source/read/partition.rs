@@ -3,7 +3,7 @@
 //! where it stood before each new output time.
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use highwater_operators::{Timestamp, Update};
 
@@ -31,6 +31,10 @@ pub(super) struct Partition<R> {
     /// Retryable errors in a row, and when to try again.
     retries: u32,
     retry_at: Option<Instant>,
+    /// With a watermark interval: the greatest event time read but not yet
+    /// let into the watermark, and when the watermark last took one in.
+    held_back: Option<Timestamp>,
+    published: Option<Instant>,
 }
 
 /// A partition's position and watermark before a batch emitted at `emit_at`.
@@ -71,6 +75,32 @@ impl<R: PartitionReader> Partition<R> {
             failed: false,
             retries: 0,
             retry_at: None,
+            held_back: None,
+            published: None,
+        }
+    }
+
+    /// Takes a batch's greatest event time into the watermark: at once
+    /// without an `interval` (and for the partition's first records, which
+    /// start it), else at the next [`publish`](Self::publish).
+    pub(super) fn observe(&mut self, max_time: Timestamp, now: Instant, interval: Option<Duration>) {
+        if interval.is_some() && self.watermark.max_seen().is_some() {
+            self.held_back = Some(self.held_back.map_or(max_time, |t| t.max(max_time)));
+        } else {
+            self.watermark.observe(max_time);
+            self.published.get_or_insert(now);
+        }
+    }
+
+    /// With a watermark `interval`: lets the event times held back into the
+    /// watermark once `interval` has passed since it last moved (or at once
+    /// if the partition has ended).
+    pub(super) fn publish(&mut self, now: Instant, interval: Option<Duration>) {
+        let (Some(interval), Some(time)) = (interval, self.held_back) else { return };
+        if self.done || self.published.is_none_or(|at| now.duration_since(at) >= interval) {
+            self.watermark.observe(time);
+            self.held_back = None;
+            self.published = Some(now);
         }
     }
 
@@ -190,6 +220,7 @@ impl<R: PartitionReader> Partition<R> {
         if status == ReadStatus::End {
             self.idle = true;
             self.done = true;
+            self.held_back.take().into_iter().for_each(|t| self.watermark.observe(t));
         } else if self.failed {
             self.idle = false;
         } else if status == ReadStatus::Idle && self.watermark.is_idle(now) {

@@ -11,12 +11,18 @@
 //! and so every line, part-file and PostgreSQL sink) looks up, for each
 //! update it has written, the update's event time on those clocks:
 //!
-//! - **read → sink**: now, less the instant a source of this process first
-//!   read a record at or after the update's event time. For an operator that
-//!   keeps its input's event time (a filter, a map, a stream–table join: q1,
-//!   q2, q3) this is the record's end-to-end latency; it errs on the long
-//!   side by at most the time between the batch that first reached that
-//!   millisecond and the one holding the record.
+//! - **read → sink**: now, less the instant a source of this process read a
+//!   record at the update's event time. For an operator that keeps its
+//!   input's event time (a filter, a map, a stream–table join: q1, q2, q3)
+//!   this is the record's end-to-end latency. Each worker's clock holds the
+//!   instant it first read each event time (times below the greatest it had
+//!   read do not count); an update is measured from the worker that read a
+//!   record at exactly its time, the latest of them if several did (else
+//!   from the latest that first went past it). It is exact when each
+//!   millisecond of event time holds records of one worker (Nexmark's
+//!   generator at `--rate 1000` or less); otherwise a record read after
+//!   another of its millisecond counts from the first one's read (longer),
+//!   and one read by a worker ahead of another from the later one (shorter).
 //! - **watermark → sink**: now, less the instant every source worker's
 //!   watermark had passed the update's time. A window result goes out at its
 //!   window's last millisecond (a session's at its end) and is due when the
@@ -72,10 +78,19 @@ fn push(entries: &mut VecDeque<(Timestamp, Instant)>, time: Timestamp, at: Insta
     }
 }
 
-/// The instant of the first entry whose time is at least `time`.
-fn first_at_or_after(entries: &VecDeque<(Timestamp, Instant)>, time: Timestamp) -> Option<Instant> {
+/// The instant of the first entry whose time is at least `time`, and
+/// whether its time is `time` itself.
+fn first_at_or_after(entries: &VecDeque<(Timestamp, Instant)>, time: Timestamp) -> Option<(Instant, bool)> {
     let i = entries.partition_point(|(t, _)| *t < time);
-    entries.get(i).map(|(_, at)| *at)
+    entries.get(i).map(|(t, at)| (*at, *t == time))
+}
+
+/// When the record at event time `time` was read: by the worker that read a
+/// record at exactly that time (the latest of them if several did), else
+/// the latest of those that first reached a later time.
+fn read_at(clocks: &[std::sync::MutexGuard<'_, Clock>], time: Timestamp) -> Option<Instant> {
+    let found = || clocks.iter().filter_map(|c| first_at_or_after(&c.read, time));
+    found().filter(|(_, exact)| *exact).map(|(at, _)| at).max().or_else(|| found().map(|(at, _)| at).max())
 }
 
 /// The two histograms, in nanoseconds.
@@ -141,10 +156,11 @@ impl Latency {
         Some(clock.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// A source on `worker` has read records up to event time `time`.
-    pub(crate) fn read(&self, worker: usize, time: Timestamp) {
+    /// A source on `worker` has just read records at these event times.
+    pub(crate) fn read(&self, worker: usize, times: impl Iterator<Item = Timestamp>) {
         if let Some(mut clock) = self.clock(worker) {
-            push(&mut clock.read, time, Instant::now());
+            let now = Instant::now();
+            times.for_each(|time| push(&mut clock.read, time, now));
         }
     }
 
@@ -168,14 +184,14 @@ impl Latency {
             h.saturating_record(ns.max(1));
         };
         for &time in times {
-            // Read by whichever worker first reached `time`: the latest of
-            // those that have (the others read it before, or never).
-            if let Some(read) = clocks.iter().filter_map(|c| first_at_or_after(&c.read, time)).max() {
+            if let Some(read) = read_at(&clocks, time) {
                 record(&mut histograms.since_read, read);
             }
             // Due once every worker's watermark is past `time`.
-            let passed: Option<Vec<Instant>> =
-                clocks.iter().map(|c| first_at_or_after(&c.watermark, time.saturating_add(1))).collect();
+            let passed: Option<Vec<Instant>> = clocks
+                .iter()
+                .map(|c| first_at_or_after(&c.watermark, time.saturating_add(1)).map(|(at, _)| at))
+                .collect();
             if let Some(due) = passed.and_then(|p| p.into_iter().max()) {
                 record(&mut histograms.since_watermark, due);
             }
@@ -264,21 +280,35 @@ mod tests {
         push(&mut entries, 10, t0);
         push(&mut entries, 5, t0 + Duration::from_millis(1)); // behind: ignored
         push(&mut entries, 20, t0 + Duration::from_millis(2));
-        assert_eq!(first_at_or_after(&entries, 0), Some(t0));
-        assert_eq!(first_at_or_after(&entries, 10), Some(t0));
-        assert_eq!(first_at_or_after(&entries, 11), Some(t0 + Duration::from_millis(2)));
+        assert_eq!(first_at_or_after(&entries, 0), Some((t0, false)));
+        assert_eq!(first_at_or_after(&entries, 10), Some((t0, true)));
+        assert_eq!(first_at_or_after(&entries, 11), Some((t0 + Duration::from_millis(2), false)));
         assert_eq!(first_at_or_after(&entries, 21), None);
+    }
+
+    #[test]
+    fn a_record_is_measured_from_the_worker_that_read_its_time() {
+        let mut config = timely::Config::process(2);
+        let latency = Latency::configure(&mut config);
+        let first = Instant::now();
+        latency.read(0, [100].into_iter());
+        std::thread::sleep(Duration::from_millis(30));
+        latency.read(1, [101].into_iter()); // later, but past 100: not the reader of 100
+        latency.emitted(&[100]);
+        let report = latency.report();
+        assert!(report.since_read.max >= Duration::from_millis(30), "from worker 0's read: {report}");
+        assert!(report.since_read.max <= first.elapsed(), "{report}");
     }
 
     #[test]
     fn updates_are_measured_against_the_latest_worker_and_the_last_watermark() {
         let mut config = timely::Config::process(2);
         let latency = Latency::configure(&mut config);
-        latency.read(0, 100);
+        latency.read(0, [100].into_iter());
         latency.watermark(0, 200);
         std::thread::sleep(Duration::from_millis(30));
         let before_second_read = Instant::now();
-        latency.read(1, 100);
+        latency.read(1, [100].into_iter());
         std::thread::sleep(Duration::from_millis(30));
         // Worker 1's watermark has not passed 150: not due yet.
         latency.emitted(&[100, 150]);

@@ -60,7 +60,7 @@ fn run(
                 .build(scope)
                 .map_err(|e| e.to_string())?;
             let out = if windowed {
-                read.events.window(Tumbling::of(100)).aggregate(Count).results.map(|r| r.value as u64)
+                read.events.window(Tumbling::of(100)).aggregate(Count).results.map(|r| r.value)
             } else {
                 read.events
             };

@@ -35,7 +35,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Runs a Nexmark query on a file or the built-in generator; CSV out.
-    Nexmark(nexmark::NexmarkArgs),
+    Nexmark(Box<nexmark::NexmarkArgs>),
     /// Runs the demo job (generator → windows → join) with live output.
     Demo(demo::DemoArgs),
     /// Writes Nexmark events as JSON Lines.
@@ -53,7 +53,7 @@ pub fn main() -> i32 {
         tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let result = match cli.command {
-        Command::Nexmark(args) => nexmark::run(args),
+        Command::Nexmark(args) => nexmark::run(*args),
         Command::Demo(args) => demo::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Cep(args) => cep::run(args),

@@ -465,11 +465,11 @@ where
                 self.metrics.late.add(batch.late);
                 self.metrics.max_event_time.fetch_max(batch.max_time, Ordering::Relaxed);
                 let at = held.delayed(&emit_at);
+                if let Some(latency) = self.latency.as_ref() {
+                    latency.read(self.index, self.updates.iter().map(|u| u.1));
+                }
                 events.session(&at).give_container(&mut self.updates);
                 self.updates.clear();
-                if let Some(latency) = self.latency.as_ref() {
-                    latency.read(self.index, batch.max_time);
-                }
                 self.credit.sent(emit_at, n);
             }
             if !self.dead_letters.is_empty() {

@@ -188,11 +188,10 @@ impl Latency {
                 record(&mut histograms.since_read, read);
             }
             // Due once every worker's watermark is past `time`.
-            let passed: Option<Vec<Instant>> = clocks
-                .iter()
-                .map(|c| first_at_or_after(&c.watermark, time.saturating_add(1)).map(|(at, _)| at))
-                .collect();
-            if let Some(due) = passed.and_then(|p| p.into_iter().max()) {
+            let due = clocks.iter().try_fold(None, |due: Option<Instant>, c| {
+                first_at_or_after(&c.watermark, time.saturating_add(1)).map(|(at, _)| due.max(Some(at)))
+            });
+            if let Some(due) = due.flatten() {
                 record(&mut histograms.since_watermark, due);
             }
         }

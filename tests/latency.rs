@@ -195,3 +195,17 @@ fn a_watermark_interval_makes_few_steps_of_event_time_with_the_same_results() {
     assert!(per_batch >= 300, "{per_batch} steps after every record");
     assert!(per_interval <= 30, "{per_interval} steps with a 100 ms interval");
 }
+
+#[test]
+fn a_rate_limit_that_is_not_a_positive_number_is_refused() {
+    for rate in [0.0, -5.0, f64::NAN, f64::INFINITY] {
+        let error = timely::execute_directly(move |worker| {
+            worker.dataflow::<Timestamp, _, _>(|scope| {
+                let source = Arc::new(MemorySource::new(vec![vec![1u64]]));
+                FromSource::new(source, |t: &u64| *t).rate_limit(rate).build(scope).err().map(|e| e.to_string())
+            })
+        });
+        let error = error.unwrap_or_else(|| panic!("rate {rate} accepted"));
+        assert!(error.contains("rate limit"), "{error}");
+    }
+}

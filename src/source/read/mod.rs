@@ -125,6 +125,12 @@ where
     TF: Fn(&S::Record) -> Timestamp + 'static,
 {
     let (index, peers) = (scope.index(), scope.peers());
+    if let Some(rate) = options.rate_limit.filter(|r| !(*r > 0.0 && r.is_finite())) {
+        return Err(SourceError::Config(format!(
+            "source {}: rate limit {rate}: give a positive number of records a second",
+            options.name
+        )));
+    }
     let names = source.partitions()?;
     let checkpoints = Checkpoints::of(&scope);
     if let Some(totals) = crate::totals::Totals::of(&scope) {
@@ -224,6 +230,9 @@ where
                         if *held.time() < horizon {
                             held.downgrade(&horizon);
                             held_dead.downgrade(&horizon);
+                            if let Some(latency) = reading.latency.as_ref() {
+                                latency.watermark(reading.index, horizon);
+                            }
                         }
                         activator.activate_after(Duration::from_millis(5));
                     }

@@ -429,6 +429,31 @@ oracle_tests!(
     q13: 13, q14: 14, q15: 15, q16: 16, q17: 17, q18: 18, q19: 19, q20: 20, q21: 21, q22: 22,
 );
 
+/// The queries with tumbling, sliding or per-auction windows, which aggregate
+/// in two phases (partial results per worker): also at 3 workers.
+mod three_workers {
+    #[test]
+    fn q4() {
+        super::check(4, 3, 2_000)
+    }
+    #[test]
+    fn q5() {
+        super::check(5, 3, 2_000)
+    }
+    #[test]
+    fn q7() {
+        super::check(7, 3, 2_000)
+    }
+    #[test]
+    fn q8() {
+        super::check(8, 3, 2_000)
+    }
+    #[test]
+    fn q9() {
+        super::check(9, 3, 2_000)
+    }
+}
+
 /// q12 counts per processing-time window, which no oracle can predict; its
 /// counts must still add up to the number of bids per bidder.
 #[test]

@@ -368,6 +368,64 @@ proptest! {
     }
 }
 
+/// Exact aggregations over an updating stream (every record whose value is a
+/// multiple of 3 is retracted again, at the same time), in `phases`.
+fn updating<'s, W: WindowSpec<Rec>>(
+    stream: &EventStream<'s, Rec>,
+    windows: W,
+    lateness: u64,
+    phases: Phases,
+) -> (EventStream<'s, String>, EventStream<'s, Rec>) {
+    let updates = stream.concat(&stream.filter(|r: &Rec| r.1 % 3 == 0).negate());
+    let v = |r: &Rec| r.1;
+    let agg = (
+        (Count, Sum::of(v), Avg::of(v)),
+        (Max::of(v), DistinctCount::of(|r: &Rec| Some(r.1)), TopK::of(3, v)),
+        MaxBy::of(|r: &Rec| r.1 / 10),
+    );
+    let out = updates.window(windows).key_by(|r: &Rec| r.0).allowed_lateness(lateness).phases(phases).aggregate(agg);
+    let results = out.results.map(|r| {
+        let (a, b, mut best) = r.value;
+        best.sort();
+        format!("{}|{}|{}|{a:?}|{b:?}|{best:?}", r.window.start, r.window.end, r.key)
+    });
+    (results, out.late.stream)
+}
+
+/// [`updating`] over tumbling (`kind` 0), sliding (1) or record-chosen windows.
+fn updating_kind<'s>(
+    s: &EventStream<'s, Rec>,
+    lateness: u64,
+    kind: u8,
+    phases: Phases,
+) -> (EventStream<'s, String>, EventStream<'s, Rec>) {
+    match kind {
+        0 => updating(s, Tumbling::of(50), lateness, phases),
+        1 => updating(s, Sliding::of(60, 20), lateness, phases),
+        _ => updating(s, windows_by(by_key), lateness, phases),
+    }
+}
+
+/// Windows of a record's own choosing: 40 ms aligned, longer for greater keys.
+fn by_key(r: &Rec, t: u64) -> Window {
+    Window::new(t - t % 40, t - t % 40 + 40 + u64::from(r.0) * 10)
+}
+
+proptest! {
+    #![proptest_config(cases())]
+
+    /// Two-phase aggregation (partial results per worker, merged by the
+    /// key's owner) gives what one phase gives, retractions included.
+    #[test]
+    fn two_phase_equals_one_phase_on_updating_input(case in case(3), kind in 0u8..3) {
+        let want = run(&case, 3, move |s, l| updating_kind(s, l, kind, Phases::One));
+        for workers in [1, 3] {
+            let got = run(&case, workers, move |s, l| updating_kind(s, l, kind, Phases::Auto));
+            prop_assert_eq!(&got, &want, "windows {} in two phases at {} workers", kind, workers);
+        }
+    }
+}
+
 /// An event-time trigger firing every 50 ms on an accumulating global window:
 /// each firing reports everything so far, replacing the previous firing, so
 /// the final result is one row per key over all its accepted records.

@@ -20,6 +20,11 @@ use crate::key::{Data, StateMap};
 use crate::state::multiset::{bump, bump_ordered};
 use crate::time::Diff;
 
+/// The partial results a combining step (the first of two phases) keeps room
+/// for between two stamps: its map is shrunk back to this after a stamp that
+/// needed more, so that draining it stays cheap.
+pub(crate) const KEPT_PARTIALS: usize = 1 << 14;
+
 /// An aggregation over records of type `D`.
 ///
 /// `update` is called with every record and its diff; `merge` combines the
@@ -44,10 +49,21 @@ pub trait Aggregate<D>: 'static {
     fn init(&self) -> Self::Acc;
     /// Applies one record with its diff.
     fn update(&self, acc: &mut Self::Acc, record: &D, diff: Diff);
-    /// Adds the records of `other` to `acc` (session windows merging).
+    /// Adds the records of `other` to `acc`: afterwards `acc` gives the
+    /// result of updating it with every record `other` holds. Session windows
+    /// merge with it, and two-phase aggregation merges the partial results of
+    /// the workers with it, so it must be exact.
     fn merge(&self, acc: &mut Self::Acc, other: Self::Acc);
     /// The result for the records in `acc`, or `None` if there is none.
     fn output(&self, acc: &Self::Acc) -> Option<Self::Output>;
+    /// Whether a windowed aggregation on several workers should combine
+    /// records on each worker before the exchange and [`merge`](Self::merge)
+    /// the partial results ([`Phases::Auto`](crate::window::Phases::Auto)):
+    /// true unless a partial result is no smaller than its records
+    /// ([`Collect`]).
+    fn two_phase(&self) -> bool {
+        true
+    }
 }
 
 /// The number of records.
@@ -518,6 +534,36 @@ impl<F, V> DistinctCount<F, V> {
     }
 }
 
+impl<F, V: Hash + Eq> DistinctCount<F, V> {
+    /// Adds `diff` to the multiplicity of `value`, counting the values
+    /// that become present or absent.
+    #[inline]
+    fn bump(acc: &mut (StateMap<V, Diff>, u64, i64), value: V, diff: Diff) {
+        let before = match acc.0.entry(value) {
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                let before = *e.get();
+                *e.get_mut() += diff;
+                if *e.get() == 0 {
+                    e.remove();
+                }
+                before
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                if diff != 0 {
+                    e.insert(diff);
+                }
+                0
+            }
+        };
+        let after = before + diff;
+        match (before > 0, after > 0) {
+            (false, true) => acc.1 += 1,
+            (true, false) => acc.1 -= 1,
+            _ => {}
+        }
+    }
+}
+
 impl<D, V, F> Aggregate<D> for DistinctCount<F, V>
 where
     V: Data + Hash + Eq,
@@ -535,35 +581,16 @@ where
     fn update(&self, acc: &mut Self::Acc, record: &D, diff: Diff) {
         acc.2 += diff;
         if let Some(value) = (self.field)(record) {
-            let before = match acc.0.entry(value) {
-                std::collections::hash_map::Entry::Occupied(mut e) => {
-                    let before = *e.get();
-                    *e.get_mut() += diff;
-                    if *e.get() == 0 {
-                        e.remove();
-                    }
-                    before
-                }
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    e.insert(diff);
-                    0
-                }
-            };
-            let after = before + diff;
-            match (before > 0, after > 0) {
-                (false, true) => acc.1 += 1,
-                (true, false) => acc.1 -= 1,
-                _ => {}
-            }
+            Self::bump(acc, value, diff);
         }
     }
+    /// In the time of `other`'s values, not of `acc`'s: partial results
+    /// merge into a large accumulator one stamp after another.
     fn merge(&self, acc: &mut Self::Acc, other: Self::Acc) {
         acc.2 += other.2;
         for (v, d) in other.0 {
-            *acc.0.entry(v).or_insert(0) += d;
+            Self::bump(acc, v, d);
         }
-        acc.0.retain(|_, d| *d != 0);
-        acc.1 = acc.0.values().filter(|d| **d > 0).count() as u64;
     }
     fn output(&self, acc: &Self::Acc) -> Option<u64> {
         (acc.2 > 0).then_some(acc.1)
@@ -683,10 +710,16 @@ impl<D: Data + PartialEq> Aggregate<D> for Collect {
         let out: Vec<D> = acc.iter().flat_map(|(d, r)| std::iter::repeat_n(d.clone(), (*r).max(0) as usize)).collect();
         (!out.is_empty()).then_some(out)
     }
+    /// No: its partial result holds every record.
+    fn two_phase(&self) -> bool {
+        false
+    }
 }
 
 /// A user-defined aggregation: an initial state, a step that applies a record
-/// with its diff (a retraction has `diff < 0`), and a merge for sessions.
+/// with its diff (a retraction has `diff < 0`), and a merge of two states
+/// (for sessions that merge, and for two-phase aggregation on several
+/// workers: see [`Aggregate::merge`]).
 ///
 /// ```
 /// use highwater_operators::aggregate::{Aggregate, Fold};
@@ -763,6 +796,9 @@ macro_rules! tuple_aggregate {
             fn output(&self, acc: &Self::Acc) -> Option<Self::Output> {
                 Some(($(self.$idx.output(&acc.$idx)?,)+))
             }
+            fn two_phase(&self) -> bool {
+                $(self.$idx.two_phase())&&+
+            }
         }
     };
 }
@@ -835,6 +871,85 @@ mod tests {
     #[test]
     fn avg_is_sum_over_count() {
         assert_eq!(run(&Avg::of(|x: &u64| *x as i64), &[(1, 1), (2, 1), (4, 1)]), Some(7.0 / 3.0));
+    }
+
+    /// Partial results merged against one accumulator over every update.
+    mod two_phase {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        /// Updates `(value, diff, partial)`: insertions, then retractions of
+        /// some of them (when `retract`), shuffled, each to one of three
+        /// partial results (a partial may see a retraction without its insertion).
+        fn changelog(retract: bool) -> impl Strategy<Value = Vec<(u64, Diff, usize)>> {
+            prop::collection::vec((0u64..12, any::<bool>(), 0usize..3, 0usize..3), 0..40)
+                .prop_map(move |raw| {
+                    let mut out: Vec<(u64, Diff, usize)> = raw.iter().map(|(v, _, p, _)| (*v, 1, *p)).collect();
+                    if retract {
+                        out.extend(raw.iter().filter(|(_, r, _, _)| *r).map(|(v, _, _, q)| (*v, -1, *q)));
+                    }
+                    out
+                })
+                .prop_shuffle()
+        }
+
+        fn check<A: Aggregate<u64>>(
+            agg: &A,
+            updates: &[(u64, Diff, usize)],
+            norm: impl Fn(A::Output) -> String,
+        ) -> Result<(), TestCaseError> {
+            let mut one = agg.init();
+            let mut parts = vec![agg.init(), agg.init(), agg.init()];
+            for (v, d, p) in updates {
+                agg.update(&mut one, v, *d);
+                agg.update(&mut parts[*p], v, *d);
+            }
+            let mut merged = parts.remove(0);
+            for part in parts {
+                agg.merge(&mut merged, part);
+            }
+            prop_assert_eq!(agg.output(&merged).map(&norm), agg.output(&one).map(&norm));
+            Ok(())
+        }
+
+        fn show<T: std::fmt::Debug>(v: T) -> String {
+            format!("{v:?}")
+        }
+
+        fn sorted<T: std::fmt::Debug + Ord>(mut v: Vec<T>) -> String {
+            v.sort();
+            format!("{v:?}")
+        }
+
+        proptest! {
+            #[test]
+            fn exact_aggregates_merge_under_retractions(updates in changelog(true)) {
+                let x = |v: &u64| *v as i64;
+                check(&Count, &updates, show)?;
+                check(&Sum::of(x), &updates, show)?;
+                // Equal as numbers; the scale of a decimal sum depends on the order of additions.
+                check(&Sum::of(|v: &u64| Decimal::new(*v as i64, 1)), &updates, |d| d.normalize().to_string())?;
+                check(&Sum::of(|v: &u64| *v as f64), &updates, show)?;
+                check(&Avg::of(x), &updates, show)?;
+                check(&Min::of(x), &updates, show)?;
+                check(&Max::of(x), &updates, show)?;
+                check(&MaxBy::of(|v: &u64| *v / 3), &updates, sorted)?;
+                check(&DistinctCount::of(|v: &u64| (*v % 5 != 0).then_some(*v)), &updates, show)?;
+                check(&TopK::of(3, x), &updates, show)?;
+                check(&Collect, &updates, sorted)?;
+                check(&Fold::new(0i64, |a: &mut i64, v: &u64, d| *a += (*v as i64) * d, |a: &mut i64, o| *a += o), &updates, show)?;
+                check(&(Count, Max::of(x), Avg::of(x)), &updates, show)?;
+            }
+
+            #[test]
+            fn append_only_aggregates_merge(updates in changelog(false)) {
+                let x = |v: &u64| *v as i64;
+                check(&Min::append_only(x), &updates, show)?;
+                check(&Max::append_only(x), &updates, show)?;
+                check(&MaxBy::append_only(|v: &u64| *v / 3), &updates, sorted)?;
+                check(&TopK::append_only(3, x), &updates, show)?;
+            }
+        }
     }
 
     #[test]

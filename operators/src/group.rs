@@ -3,7 +3,10 @@
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use crate::aggregate::Aggregate;
+use timely::dataflow::channels::pact::Pipeline;
+use timely::dataflow::operators::generic::Operator;
+
+use crate::aggregate::{Aggregate, KEPT_PARTIALS};
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
 use crate::state::{AnyKeyedState, KeyedState, OperatorState, Schema, Snapshot, Stateful};
@@ -18,11 +21,12 @@ use crate::time::{arrival_time, watermark_of, Diff, Timestamp};
 type Entry<Acc> = (Acc, bool);
 
 /// A key's checkpoint entry: its accumulator (if it has a result), and its
-/// updates still waiting for the watermark as `(timely time, record, diff)`.
+/// input still waiting for the watermark as `(timely time, input, diff)`:
+/// records, or in two phases `(key, partial result)`.
 type KeyEntry<K, Acc, D> = (K, Option<Acc>, Vec<(Timestamp, D, Diff)>);
 
-/// The operator's state: the table of accumulators, and the input waiting
-/// for the watermark, by timely time.
+/// The operator's state: the table of accumulators, and the input `D`
+/// (records, or partial results) waiting for the watermark, by timely time.
 struct GroupState<K, Acc, D> {
     table: KeyedState<K, Entry<Acc>>,
     pending: BTreeMap<Timestamp, Vec<(K, D, Diff)>>,
@@ -40,6 +44,9 @@ where
     Acc: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
     D: Data,
 {
+    /// One schema for records and partial results as input: a snapshot is
+    /// taken with nothing waiting (its input is gated at the cut), so the
+    /// entries of both read the same.
     const SCHEMA: Schema = Schema::new("aggregate_by_key", 1);
     type Entry = KeyEntry<K, Acc, D>;
     type Prepared = ();
@@ -115,97 +122,173 @@ impl<'scope, D: Data> EventStream<'scope, D> {
     }
 
     /// [`aggregate_by_key`](Self::aggregate_by_key) with an operator name.
+    ///
+    /// With an aggregate that merges ([`Aggregate::two_phase`]), each worker
+    /// first combines the updates of a stamp (one arrival time) per key, and
+    /// the key's owner merges these partial results at their arrival time, as
+    /// it would apply the updates: the same changelog, with a hot key's work
+    /// spread over the workers (`GROUP BY day` over every bid).
     pub fn aggregate_by_key_named<K, KF, A>(&self, name: &str, key: KF, agg: A) -> EventStream<'scope, (K, A::Output)>
     where
         K: Key,
         KF: Fn(&D) -> K + 'static,
         A: Aggregate<D>,
     {
-        let key = Rc::new(key);
-        let key_route = Rc::clone(&key);
-        let stateful = Stateful::<GroupState<K, A::Acc, D>>::new(name, &self.scope());
-        let gated = stateful.keyed_input(self, move |u: &Update<D>| route(&key_route(&u.0)));
-        let mut builder = stateful.builder(&self.scope());
-        let mut input = builder.input(gated);
-        let (mut output, stream) = builder.output::<(K, A::Output)>();
-        builder.build(move |initial_capabilities, mut managed| {
-            let mut hold = Hold::default();
-            // Recovery: each key's accumulator, and its input still waiting
-            // for the watermark (which owes output at its time).
-            managed.restore(|GroupState { table, pending }, _time, entries| {
-                table.reserve(entries.len());
-                entries.for_each(|(k, acc, waiting)| {
-                    for (time, d, r) in waiting {
-                        pending
-                            .entry(time)
-                            .or_insert_with(|| {
-                                hold.restore(time, &initial_capabilities);
-                                Vec::new()
-                            })
-                            .push((k.clone(), d, r));
-                    }
-                    if let Some(acc) = acc {
-                        table.insert(k, (acc, false));
-                    }
-                });
-            });
-            drop(initial_capabilities);
-            // Keys changed at the time being applied, with their result before it.
-            let mut dirty: Vec<(K, Option<A::Output>)> = Vec::new();
-            move |frontiers| {
-                if !managed.home() {
-                    return;
-                }
-                let GroupState { table, pending } = managed.get();
-                let mut output = output.activate();
-                input.for_each_stamp(|cap, data| {
-                    let arrived = arrival_time(&cap);
-                    let batch = pending.entry(arrived).or_insert_with(|| {
-                        hold.insert(arrived, &cap);
-                        Vec::new()
-                    });
-                    for updates in data {
-                        batch.extend(updates.drain(..).map(|(d, _t, r)| (key(&d), d, r)));
-                    }
-                });
-                let watermark = watermark_of(&frontiers[0]);
-                while let Some(entry) = pending.first_entry() {
-                    if *entry.key() >= watermark {
-                        break;
-                    }
-                    let (time, updates) = entry.remove_entry();
-                    for (k, d, r) in updates {
-                        let (acc, changed) = table.get_or_insert_with(k.clone(), || (agg.init(), false));
-                        if !*changed {
-                            *changed = true;
-                            dirty.push((k, agg.output(acc)));
-                        }
-                        agg.update(acc, &d, r);
-                    }
-                    let cap = hold.at(time);
-                    let mut session = output.session(&cap);
-                    for (k, old) in dirty.drain(..) {
-                        let Some((acc, changed)) = table.get_mut(&k) else {
-                            continue;
-                        };
-                        *changed = false;
-                        let new = agg.output(acc);
-                        if new.is_none() {
-                            table.remove(&k);
-                        }
-                        if let Some(old) = old {
-                            session.give(((k.clone(), old), time, -1));
-                        }
-                        if let Some(new) = new {
-                            session.give(((k, new), time, 1));
-                        }
-                    }
-                    hold.remove(time);
-                }
-                hold.settle(None);
-                managed.checkpoint(watermark, ());
-            }
-        });
-        stream
+        let agg = Rc::new(agg);
+        if !agg.two_phase() {
+            let apply = Rc::clone(&agg);
+            return group(self, name, key, agg, move |acc: &mut A::Acc, d: D, r| apply.update(acc, &d, r));
+        }
+        let partials = combine_by_key(self, name, key, Rc::clone(&agg));
+        let merge = Rc::clone(&agg);
+        group(
+            &partials,
+            name,
+            |(k, _): &(K, A::Acc)| k.clone(),
+            agg,
+            move |acc: &mut A::Acc, (_, p), _r| merge.merge(acc, p),
+        )
     }
+}
+
+/// Per stamp (one arrival time, so one time the group operator applies
+/// together), the updates combined per key: `(key, partial result)` at the
+/// stamp's time.
+fn combine_by_key<'scope, D, K, KF, A>(
+    stream: &EventStream<'scope, D>,
+    name: &str,
+    key: KF,
+    agg: Rc<A>,
+) -> EventStream<'scope, (K, A::Acc)>
+where
+    D: Data,
+    K: Key,
+    KF: Fn(&D) -> K + 'static,
+    A: Aggregate<D>,
+{
+    let inner = stream.inner.clone().unary(Pipeline, &format!("{name}Partials"), move |_cap, _info| {
+        let mut groups: StateMap<K, A::Acc> = StateMap::default();
+        let mut out: Vec<Update<(K, A::Acc)>> = Vec::new();
+        move |input, output| {
+            input.for_each_stamp(|cap, data| {
+                for batch in data {
+                    for (d, _t, r) in batch.drain(..) {
+                        agg.update(groups.entry(key(&d)).or_insert_with(|| agg.init()), &d, r);
+                    }
+                }
+                let time = arrival_time(&cap);
+                out.extend(groups.drain().map(|(k, acc)| ((k, acc), time, 1)));
+                if groups.capacity() > KEPT_PARTIALS {
+                    groups.shrink_to(KEPT_PARTIALS);
+                }
+                output.session(&cap).give_container(&mut out);
+                out.clear();
+            });
+        }
+    });
+    EventStream::new(inner)
+}
+
+/// The grouping operator over inputs `I` (records, or partial results):
+/// `apply` folds one into a key's accumulator.
+fn group<'scope, D, I, K, KI, A, F>(
+    stream: &EventStream<'scope, I>,
+    name: &str,
+    key: KI,
+    agg: Rc<A>,
+    apply: F,
+) -> EventStream<'scope, (K, A::Output)>
+where
+    I: Data,
+    K: Key,
+    KI: Fn(&I) -> K + 'static,
+    A: Aggregate<D>,
+    F: Fn(&mut A::Acc, I, Diff) + 'static,
+{
+    let key_route = Rc::new(key);
+    let key = Rc::clone(&key_route);
+    let stateful = Stateful::<GroupState<K, A::Acc, I>>::new(name, &stream.scope());
+    let gated = stateful.keyed_input(stream, move |u: &Update<I>| route(&key_route(&u.0)));
+    let mut builder = stateful.builder(&stream.scope());
+    let mut input = builder.input(gated);
+    let (mut output, results) = builder.output::<(K, A::Output)>();
+    builder.build(move |initial_capabilities, mut managed| {
+        let mut hold = Hold::default();
+        // Recovery: each key's accumulator, and its input still waiting
+        // for the watermark (which owes output at its time).
+        managed.restore(|GroupState { table, pending }, _time, entries| {
+            table.reserve(entries.len());
+            entries.for_each(|(k, acc, waiting)| {
+                for (time, d, r) in waiting {
+                    pending
+                        .entry(time)
+                        .or_insert_with(|| {
+                            hold.restore(time, &initial_capabilities);
+                            Vec::new()
+                        })
+                        .push((k.clone(), d, r));
+                }
+                if let Some(acc) = acc {
+                    table.insert(k, (acc, false));
+                }
+            });
+        });
+        drop(initial_capabilities);
+        // Keys changed at the time being applied, with their result before it.
+        let mut dirty: Vec<(K, Option<A::Output>)> = Vec::new();
+        move |frontiers| {
+            if !managed.home() {
+                return;
+            }
+            let GroupState { table, pending } = managed.get();
+            let mut output = output.activate();
+            input.for_each_stamp(|cap, data| {
+                let arrived = arrival_time(&cap);
+                let batch = pending.entry(arrived).or_insert_with(|| {
+                    hold.insert(arrived, &cap);
+                    Vec::new()
+                });
+                for updates in data {
+                    batch.extend(updates.drain(..).map(|(d, _t, r)| (key(&d), d, r)));
+                }
+            });
+            let watermark = watermark_of(&frontiers[0]);
+            while let Some(entry) = pending.first_entry() {
+                if *entry.key() >= watermark {
+                    break;
+                }
+                let (time, updates) = entry.remove_entry();
+                for (k, d, r) in updates {
+                    let (acc, changed) = table.get_or_insert_with(k.clone(), || (agg.init(), false));
+                    if !*changed {
+                        *changed = true;
+                        dirty.push((k, agg.output(acc)));
+                    }
+                    apply(acc, d, r);
+                }
+                let cap = hold.at(time);
+                let mut session = output.session(&cap);
+                for (k, old) in dirty.drain(..) {
+                    let Some((acc, changed)) = table.get_mut(&k) else {
+                        continue;
+                    };
+                    *changed = false;
+                    let new = agg.output(acc);
+                    if new.is_none() {
+                        table.remove(&k);
+                    }
+                    if let Some(old) = old {
+                        session.give(((k.clone(), old), time, -1));
+                    }
+                    if let Some(new) = new {
+                        session.give(((k, new), time, 1));
+                    }
+                }
+                hold.remove(time);
+            }
+            hold.settle(None);
+            managed.checkpoint(watermark, ());
+        }
+    });
+    results
 }

@@ -59,7 +59,7 @@ pub mod prelude {
     pub use crate::table::{AsOfJoined, Table, TableReader, Upserted};
     pub use crate::time::{AllowedLateness, Diff, DurationExt, IntoMillis, Timestamp};
     pub use crate::window::{
-        windows_by, CountTrigger, CountWindows, EventTimeTrigger, GlobalWindows, ProcessingTimeTrigger, Session,
-        Sliding, Trigger, TriggerAction, Tumbling, Window, WindowResult, WindowSpec, Windowed,
+        windows_by, CountTrigger, CountWindows, EventTimeTrigger, GlobalWindows, Phases, ProcessingTimeTrigger,
+        Session, Sliding, Trigger, TriggerAction, Tumbling, Window, WindowResult, WindowSpec, Windowed,
     };
 }

@@ -164,6 +164,7 @@ impl<D: Data + Ord> WindowSpec<D> for CountWindows {
         name: &str,
         key: KF,
         lateness: AllowedLateness,
+        _phases: super::Phases,
         agg: A,
     ) -> Windowed<'scope, K, A::Output, D>
     where

@@ -290,6 +290,7 @@ impl<D: Data + Ord, T: Trigger<D>> WindowSpec<D> for GlobalWindows<T> {
         name: &str,
         key: KF,
         lateness: AllowedLateness,
+        _phases: super::Phases,
         agg: A,
     ) -> Windowed<'scope, K, A::Output, D>
     where

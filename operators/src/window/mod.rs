@@ -38,6 +38,7 @@ mod aligned;
 mod count;
 mod global;
 mod session;
+mod two_phase;
 
 use std::rc::Rc;
 
@@ -179,6 +180,24 @@ fn consolidate<D: Ord>(updates: &mut Vec<(D, crate::time::Diff)>) {
 pub trait AssignWindows<D>: 'static {
     /// Pushes the windows containing `record`, whose event time is `time`.
     fn assign(&self, record: &D, time: Timestamp, out: &mut SmallVec<[Window; 4]>);
+
+    /// For windows that depend on the time alone: the first millisecond of
+    /// `time`'s *pane*, the span of times around it that lie in exactly the
+    /// same windows (a tumbling window; a `gcd(size, slide)` slice of sliding
+    /// windows). Two-phase aggregation combines a pane's records once for all
+    /// of its windows. `None` (the default) when the windows depend on the
+    /// record: records are then combined per window.
+    fn pane(&self, time: Timestamp) -> Option<Timestamp> {
+        let _ = time;
+        None
+    }
+
+    /// Pushes the windows of the pane that starts at `pane` (a value
+    /// [`pane`](Self::pane) returned): those of every time in the pane.
+    fn pane_windows(&self, pane: Timestamp, out: &mut SmallVec<[Window; 4]>) {
+        let _ = (pane, out);
+        unreachable!("pane_windows is called only with a pane that pane() returned")
+    }
 }
 
 /// Epoch-aligned tumbling windows of a fixed size.
@@ -205,12 +224,28 @@ impl Tumbling {
     }
 }
 
+impl Tumbling {
+    /// The window containing `time`.
+    #[inline]
+    fn window_of(&self, time: Timestamp) -> Window {
+        // Computed from the end so that a window reaching before the epoch starts at 0.
+        let end = time.saturating_add(self.size - (time + self.size - self.offset) % self.size);
+        Window::new(end.saturating_sub(self.size), end)
+    }
+}
+
 impl<D> AssignWindows<D> for Tumbling {
     #[inline]
     fn assign(&self, _record: &D, time: Timestamp, out: &mut SmallVec<[Window; 4]>) {
-        // Computed from the end so that a window reaching before the epoch starts at 0.
-        let end = time.saturating_add(self.size - (time + self.size - self.offset) % self.size);
-        out.push(Window::new(end.saturating_sub(self.size), end));
+        out.push(self.window_of(time));
+    }
+    /// The window itself.
+    #[inline]
+    fn pane(&self, time: Timestamp) -> Option<Timestamp> {
+        Some(self.window_of(time).start)
+    }
+    fn pane_windows(&self, pane: Timestamp, out: &mut SmallVec<[Window; 4]>) {
+        out.push(self.window_of(pane));
     }
 }
 
@@ -219,6 +254,8 @@ impl<D> AssignWindows<D> for Tumbling {
 pub struct Sliding {
     size: u64,
     slide: u64,
+    /// `gcd(size, slide)`: every window starts and ends on a multiple of it.
+    pane: u64,
 }
 
 impl Sliding {
@@ -229,13 +266,16 @@ impl Sliding {
     pub fn of(size: impl IntoMillis, slide: impl IntoMillis) -> Self {
         let (size, slide) = (size.into_millis(), slide.into_millis());
         assert!(slide > 0 && slide <= size, "a sliding window needs 0 < slide <= size");
-        Sliding { size, slide }
+        let (mut a, mut b) = (size, slide);
+        while b > 0 {
+            (a, b) = (b, a % b);
+        }
+        Sliding { size, slide, pane: a }
     }
-}
 
-impl<D> AssignWindows<D> for Sliding {
+    /// Pushes the windows containing `time`.
     #[inline]
-    fn assign(&self, _record: &D, time: Timestamp, out: &mut SmallVec<[Window; 4]>) {
+    fn windows_of(&self, time: Timestamp, out: &mut SmallVec<[Window; 4]>) {
         // The last window starting at or before `time`, then earlier ones while they still contain it.
         let mut start = time - time % self.slide;
         loop {
@@ -245,6 +285,21 @@ impl<D> AssignWindows<D> for Sliding {
             }
             start -= self.slide;
         }
+    }
+}
+
+impl<D> AssignWindows<D> for Sliding {
+    #[inline]
+    fn assign(&self, _record: &D, time: Timestamp, out: &mut SmallVec<[Window; 4]>) {
+        self.windows_of(time, out);
+    }
+    /// A `gcd(size, slide)` slice: no window starts or ends inside it.
+    #[inline]
+    fn pane(&self, time: Timestamp) -> Option<Timestamp> {
+        Some(time - time % self.pane)
+    }
+    fn pane_windows(&self, pane: Timestamp, out: &mut SmallVec<[Window; 4]>) {
+        self.windows_of(pane, out);
     }
 }
 
@@ -277,16 +332,34 @@ impl<D, F: Fn(&D, Timestamp) -> Window + 'static> AssignWindows<D> for WindowsFn
     }
 }
 
+/// How a windowed aggregation spreads over the workers (Flink's
+/// `table.optimizer.agg-phase-strategy`): see [`WindowedStream::phases`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Phases {
+    /// Two phases where they pay: with windows of the aligned kinds ([`Tumbling`], [`Sliding`], [`windows_by`]) and an
+    /// aggregate that merges exactly ([`Aggregate::two_phase`]), each worker
+    /// combines its records per window (or pane) and key before the
+    /// exchange, and the key's owner merges the partial results. A window
+    /// over all records, or a key that takes most of them, then no longer
+    /// loads one worker with every record. Otherwise one phase.
+    #[default]
+    Auto,
+    /// One phase: every record goes to its key's owner as it is.
+    One,
+}
+
 /// A kind of window that can aggregate a keyed stream; implemented by every
 /// window type of this module. Use it through [`EventStream::window`].
 pub trait WindowSpec<D>: Sized + 'static {
-    /// Builds the windowed aggregation.
+    /// Builds the windowed aggregation; `phases` says whether it may
+    /// pre-aggregate before the exchange (kinds that cannot ignore it).
     fn aggregate_core<'scope, K, KF, A>(
         self,
         stream: &EventStream<'scope, D>,
         name: &str,
         key: KF,
         lateness: AllowedLateness,
+        phases: Phases,
         aggregate: A,
     ) -> Windowed<'scope, K, A::Output, D>
     where
@@ -305,6 +378,7 @@ macro_rules! aligned_spec {
                 name: &str,
                 key: KF,
                 lateness: AllowedLateness,
+                phases: Phases,
                 aggregate: A,
             ) -> Windowed<'scope, K, A::Output, D>
             where
@@ -313,7 +387,13 @@ macro_rules! aligned_spec {
                 KF: Fn(&D) -> K + 'static,
                 A: Aggregate<D>,
             {
-                aligned::aggregate(stream, name, key, self, lateness, aggregate)
+                // Not by the number of workers: the dataflow keeps its shape
+                // (and its operators' names in checkpoints) on any layout.
+                if phases == Phases::Auto && aggregate.two_phase() {
+                    two_phase::aggregate(stream, name, key, self, lateness, aggregate)
+                } else {
+                    aligned::aggregate(stream, name, key, self, lateness, aggregate)
+                }
             }
         }
     )*};
@@ -328,6 +408,7 @@ pub struct WindowedStream<'scope, D: 'static, W, KF> {
     windows: W,
     key: KF,
     lateness: AllowedLateness,
+    phases: Phases,
     name: String,
 }
 
@@ -336,6 +417,7 @@ impl<D: 'static, W: std::fmt::Debug, KF> std::fmt::Debug for WindowedStream<'_, 
         f.debug_struct("WindowedStream")
             .field("windows", &self.windows)
             .field("lateness", &self.lateness)
+            .field("phases", &self.phases)
             .field("name", &self.name)
             .finish_non_exhaustive()
     }
@@ -354,7 +436,14 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         lateness: AllowedLateness,
     ) -> WindowedStream<'scope, D, W, fn(&D)> {
         fn unit<D>(_: &D) {}
-        WindowedStream { stream: self.clone(), windows, key: unit::<D>, lateness, name: "Window".to_owned() }
+        WindowedStream {
+            stream: self.clone(),
+            windows,
+            key: unit::<D>,
+            lateness,
+            phases: Phases::Auto,
+            name: "Window".to_owned(),
+        }
     }
 }
 
@@ -373,14 +462,29 @@ impl<'scope, E: Data, KF> crate::cep::KeyedEvents<'scope, E, KF> {
     /// [`key_by`](EventStream::key_by), if any.
     pub fn window<W: WindowSpec<E>>(self, windows: W) -> WindowedStream<'scope, E, W, KF> {
         let (stream, key, lateness) = self.into_parts();
-        WindowedStream { stream, windows, key, lateness, name: "Window".to_owned() }
+        WindowedStream { stream, windows, key, lateness, phases: Phases::Auto, name: "Window".to_owned() }
     }
 }
 
 impl<'scope, D: Data, W: WindowSpec<D>, KF> WindowedStream<'scope, D, W, KF> {
     /// Computes one result per window and key.
     pub fn key_by<K: Key, KF2: Fn(&D) -> K + 'static>(self, key: KF2) -> WindowedStream<'scope, D, W, KF2> {
-        WindowedStream { stream: self.stream, windows: self.windows, key, lateness: self.lateness, name: self.name }
+        WindowedStream {
+            stream: self.stream,
+            windows: self.windows,
+            key,
+            lateness: self.lateness,
+            phases: self.phases,
+            name: self.name,
+        }
+    }
+
+    /// Chooses how the aggregation spreads over the workers: [`Phases::Auto`]
+    /// (the default) pre-aggregates on each worker where that is exact and
+    /// pays, [`Phases::One`] sends every record to its key's owner.
+    pub fn phases(mut self, phases: Phases) -> Self {
+        self.phases = phases;
+        self
     }
 
     /// Lets records up to `lateness` after a window's end correct it.
@@ -402,7 +506,7 @@ impl<'scope, D: Data, W: WindowSpec<D>, KF> WindowedStream<'scope, D, W, KF> {
         KF: Fn(&D) -> K + 'static,
         A: Aggregate<D>,
     {
-        self.windows.aggregate_core(&self.stream, &self.name, self.key, self.lateness, aggregate)
+        self.windows.aggregate_core(&self.stream, &self.name, self.key, self.lateness, self.phases, aggregate)
     }
 }
 

@@ -144,6 +144,7 @@ impl<D> WindowSpec<D> for Session {
         name: &str,
         key: KF,
         lateness: AllowedLateness,
+        _phases: super::Phases,
         agg: A,
     ) -> Windowed<'scope, K, A::Output, D>
     where

@@ -20,11 +20,6 @@ use crate::key::{Data, StateMap};
 use crate::state::multiset::{bump, bump_ordered};
 use crate::time::Diff;
 
-/// The partial results a combining step (the first of two phases) keeps room
-/// for between two stamps: its map is shrunk back to this after a stamp that
-/// needed more, so that draining it stays cheap.
-pub(crate) const KEPT_PARTIALS: usize = 1 << 14;
-
 /// An aggregation over records of type `D`.
 ///
 /// `update` is called with every record and its diff; `merge` combines the

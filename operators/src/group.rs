@@ -6,9 +6,10 @@ use std::rc::Rc;
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::generic::Operator;
 
-use crate::aggregate::{Aggregate, KEPT_PARTIALS};
+use crate::aggregate::Aggregate;
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
+use crate::partial::{Combining, KEPT_PARTIALS};
 use crate::state::{AnyKeyedState, KeyedState, OperatorState, Schema, Snapshot, Stateful};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, Diff, Timestamp};
@@ -139,27 +140,39 @@ impl<'scope, D: Data> EventStream<'scope, D> {
             let apply = Rc::clone(&agg);
             return group(self, name, key, agg, move |acc: &mut A::Acc, d: D, r| apply.update(acc, &d, r));
         }
-        let partials = combine_by_key(self, name, key, Rc::clone(&agg));
-        let merge = Rc::clone(&agg);
-        group(
-            &partials,
-            name,
-            |(k, _): &(K, A::Acc)| k.clone(),
-            agg,
-            move |acc: &mut A::Acc, (_, p), _r| merge.merge(acc, p),
-        )
+        let key = Rc::new(key);
+        let partials = combine_by_key(self, name, Rc::clone(&key), Rc::clone(&agg));
+        let apply = Rc::clone(&agg);
+        let owner = move |p: &Phase<D, K, A::Acc>| match p {
+            Phase::Raw(d) => key(d),
+            Phase::Partial(k, _) => k.clone(),
+        };
+        group(&partials, name, owner, agg, move |acc: &mut A::Acc, p, r| match p {
+            Phase::Raw(d) => apply.update(acc, &d, r),
+            Phase::Partial(_, partial) => apply.merge(acc, *partial),
+        })
     }
 }
 
+/// What the first phase of `aggregate_by_key` sends to a key's owner.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+enum Phase<D, K, Acc> {
+    /// An update as it is (from a stamp that was not combined).
+    Raw(D),
+    /// The updates of one stamp and key, combined (sent with diff 1); boxed,
+    /// so that an update sent as it is takes no more room than its record.
+    Partial(K, Box<Acc>),
+}
+
 /// Per stamp (one arrival time, so one time the group operator applies
-/// together), the updates combined per key: `(key, partial result)` at the
-/// stamp's time.
+/// together), the updates combined per key, at the stamp's time; or, while
+/// combining does not pay ([`Combining`]), the updates as they are.
 fn combine_by_key<'scope, D, K, KF, A>(
     stream: &EventStream<'scope, D>,
     name: &str,
-    key: KF,
+    key: Rc<KF>,
     agg: Rc<A>,
-) -> EventStream<'scope, (K, A::Acc)>
+) -> EventStream<'scope, Phase<D, K, A::Acc>>
 where
     D: Data,
     K: Key,
@@ -168,21 +181,33 @@ where
 {
     let inner = stream.inner.clone().unary(Pipeline, &format!("{name}Partials"), move |_cap, _info| {
         let mut groups: StateMap<K, A::Acc> = StateMap::default();
-        let mut out: Vec<Update<(K, A::Acc)>> = Vec::new();
+        let mut combining = Combining::default();
+        let mut out: Vec<Update<Phase<D, K, A::Acc>>> = Vec::new();
         move |input, output| {
             input.for_each_stamp(|cap, data| {
-                for batch in data {
-                    for (d, _t, r) in batch.drain(..) {
-                        agg.update(groups.entry(key(&d)).or_insert_with(|| agg.init()), &d, r);
+                if !combining.now() {
+                    for batch in data {
+                        out.extend(batch.drain(..).map(|(d, t, r)| (Phase::Raw(d), t, r)));
+                    }
+                } else {
+                    let mut records = 0;
+                    for batch in data {
+                        records += batch.len();
+                        for (d, _t, r) in batch.drain(..) {
+                            agg.update(groups.entry(key(&d)).or_insert_with(|| agg.init()), &d, r);
+                        }
+                    }
+                    combining.made(records, groups.len());
+                    let time = arrival_time(&cap);
+                    out.extend(groups.drain().map(|(k, acc)| (Phase::Partial(k, Box::new(acc)), time, 1)));
+                    if groups.capacity() > KEPT_PARTIALS {
+                        groups.shrink_to(KEPT_PARTIALS);
                     }
                 }
-                let time = arrival_time(&cap);
-                out.extend(groups.drain().map(|(k, acc)| ((k, acc), time, 1)));
-                if groups.capacity() > KEPT_PARTIALS {
-                    groups.shrink_to(KEPT_PARTIALS);
+                if !out.is_empty() {
+                    output.session(&cap).give_container(&mut out);
+                    out.clear();
                 }
-                output.session(&cap).give_container(&mut out);
-                out.clear();
             });
         }
     });

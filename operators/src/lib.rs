@@ -36,6 +36,7 @@ mod hold;
 pub mod join;
 pub mod key;
 pub mod late;
+mod partial;
 pub mod state;
 pub mod stream;
 pub mod table;

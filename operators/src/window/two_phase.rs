@@ -19,19 +19,22 @@ use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::generic::Operator;
 
 use super::{aligned, AssignWindows, Window, Windowed};
-use crate::aggregate::{Aggregate, KEPT_PARTIALS};
+use crate::aggregate::Aggregate;
 use crate::key::{Data, Key, StateMap};
 use crate::late::LateOutput;
+use crate::partial::{Combining, KEPT_PARTIALS};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, AllowedLateness, Diff, Timestamp};
 
 /// What the first phase sends to a key's owner.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(super) enum Phase<D, K, Acc> {
-    /// A record as it is: late for every window it lies in.
+    /// A record as it is: late for every window it lies in, or from a stamp
+    /// that was not combined ([`Combining`]).
     Raw(D),
-    /// The records of one stamp, pane (or window) and key, combined.
-    Partial(Span, K, Acc),
+    /// The records of one stamp, pane (or window) and key, combined; boxed,
+    /// so that a record sent as it is takes no more room than itself.
+    Partial(Span, K, Box<Acc>),
 }
 
 /// What a partial result covers.
@@ -96,7 +99,7 @@ where
             Phase::Raw(d) => self.0.update(acc, d, diff),
             Phase::Partial(_, _, partial) => {
                 debug_assert_eq!(diff, 1, "partial results are sent once");
-                self.0.merge(acc, partial.clone());
+                self.0.merge(acc, A::Acc::clone(partial));
             }
         }
     }
@@ -142,7 +145,8 @@ where
 }
 
 /// The first phase: per stamp, the records combined per pane (or window)
-/// and key, sent at the stamp's time; late records as they are.
+/// and key, sent at the stamp's time; late records as they are, and every
+/// record of a stamp that is not combined ([`Combining`]).
 fn combine<'scope, D, K, KF, W, A>(
     stream: &EventStream<'scope, D>,
     name: &str,
@@ -162,13 +166,26 @@ where
         let mut groups: StateMap<(Span, K), A::Acc> = StateMap::default();
         let mut assigned: SmallVec<[Window; 4]> = SmallVec::new();
         let mut out: Vec<Update<Phase<D, K, A::Acc>>> = Vec::new();
+        let mut combining = Combining::default();
         move |input, output| {
             input.for_each_stamp(|cap, data| {
+                if !combining.now() {
+                    for batch in data {
+                        out.extend(batch.drain(..).map(|(d, t, r)| (Phase::Raw(d), t, r)));
+                    }
+                    if !out.is_empty() {
+                        output.session(&cap).give_container(&mut out);
+                        out.clear();
+                    }
+                    return;
+                }
+                let mut records = 0;
                 let arrived = arrival_time(&cap);
                 let open = |w: &Window| lateness.release_at(w.end) > arrived;
                 // The last pane seen, and whether one of its windows is open.
                 let mut last: Option<(Timestamp, bool)> = None;
                 for batch in data {
+                    records += batch.len();
                     for (record, time, diff) in batch.drain(..) {
                         if let Some(pane) = windows.pane(time) {
                             let is_open = match last {
@@ -203,7 +220,10 @@ where
                         }
                     }
                 }
-                out.extend(groups.drain().map(|((span, k), acc)| (Phase::Partial(span, k, acc), span.time(), 1)));
+                combining.made(records, groups.len());
+                out.extend(
+                    groups.drain().map(|((span, k), acc)| (Phase::Partial(span, k, Box::new(acc)), span.time(), 1)),
+                );
                 if groups.capacity() > KEPT_PARTIALS {
                     groups.shrink_to(KEPT_PARTIALS);
                 }

@@ -6,8 +6,10 @@
 //! here in full) and the runtime around them: watermarks at the sources
 //! ([`time`]), sources and sinks ([`source`], [`sink`]), running a job
 //! ([`Job`], [`cluster`]), checkpoints ([`checkpoint`]), dead letters, change
-//! data capture ([`cdc`]), CEP patterns in text ([`cep`]), the Nexmark
-//! benchmark ([`nexmark`]) and the `highwater` command line (`cli`).
+//! data capture ([`cdc`]), CEP patterns in text ([`cep`]), resilience
+//! policies for calls to external services ([`enrich`]: circuit breaker,
+//! retries with jitter), the Nexmark benchmark ([`nexmark`]) and the
+//! `highwater` command line (`cli`).
 //!
 //! Start with the [`prelude`], [`Job`] and [`source::read()`]; the README
 //! has a guide. Cargo features: `postgres` (CDC source, exactly-once sink),
@@ -24,6 +26,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod cluster;
 pub mod dead_letter;
+pub mod enrich;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod job;

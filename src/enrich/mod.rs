@@ -1,0 +1,12 @@
+//! Calls to external services from a dataflow: the resilience policies an
+//! enrichment step applies to each call. [`breaker`] is the circuit breaker
+//! (closed → open after N failures within a window → half-open probes →
+//! closed); [`retry`] is exponential backoff with full jitter. Both take the
+//! current instant as an argument, so that their behaviour is a function of
+//! the calls' outcomes and times alone (and is tested so).
+
+pub mod breaker;
+pub mod retry;
+
+pub use breaker::{Admission, BreakerConfig, BreakerState, CircuitBreaker};
+pub use retry::Backoff;

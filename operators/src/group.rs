@@ -9,7 +9,7 @@ use timely::dataflow::operators::generic::Operator;
 use crate::aggregate::Aggregate;
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
-use crate::partial::{Combining, KEPT_PARTIALS};
+use crate::partial::{self, Combining, Slot, KEPT_PARTIALS};
 use crate::state::{AnyKeyedState, KeyedState, OperatorState, Schema, Snapshot, Stateful};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, Diff, Timestamp};
@@ -157,7 +157,8 @@ impl<'scope, D: Data> EventStream<'scope, D> {
 /// What the first phase of `aggregate_by_key` sends to a key's owner.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 enum Phase<D, K, Acc> {
-    /// An update as it is (from a stamp that was not combined).
+    /// An update as it is: its key's only one in its stamp, or from a stamp
+    /// that was not combined.
     Raw(D),
     /// The updates of one stamp and key, combined (sent with diff 1); boxed,
     /// so that an update sent as it is takes no more room than its record.
@@ -180,7 +181,7 @@ where
     A: Aggregate<D>,
 {
     let inner = stream.inner.clone().unary(Pipeline, &format!("{name}Partials"), move |_cap, _info| {
-        let mut groups: StateMap<K, A::Acc> = StateMap::default();
+        let mut groups: StateMap<K, Slot<D, A::Acc>> = StateMap::default();
         let mut combining = Combining::default();
         let mut out: Vec<Update<Phase<D, K, A::Acc>>> = Vec::new();
         move |input, output| {
@@ -193,13 +194,20 @@ where
                     let mut records = 0;
                     for batch in data {
                         records += batch.len();
-                        for (d, _t, r) in batch.drain(..) {
-                            agg.update(groups.entry(key(&d)).or_insert_with(|| agg.init()), &d, r);
+                        for (d, t, r) in batch.drain(..) {
+                            partial::add(groups.entry(key(&d)), &*agg, d, t, r);
                         }
                     }
-                    combining.made(records, groups.len());
                     let time = arrival_time(&cap);
-                    out.extend(groups.drain().map(|(k, acc)| (Phase::Partial(k, Box::new(acc)), time, 1)));
+                    let (mut combined, mut partials) = (0, 0);
+                    out.extend(groups.drain().map(|(k, slot)| match slot {
+                        Slot::One(d, t, r) => (Phase::Raw(d), t, r),
+                        Slot::Many(acc, n) => {
+                            (combined, partials) = (combined + n, partials + 1);
+                            (Phase::Partial(k, Box::new(acc)), time, 1)
+                        }
+                    }));
+                    combining.made(records, combined, partials);
                     if groups.capacity() > KEPT_PARTIALS {
                         groups.shrink_to(KEPT_PARTIALS);
                     }

@@ -3,13 +3,22 @@
 //!
 //! Combining pays when a stamp's records fall into few groups (a window over
 //! all records, a hot key); with as many groups as records it only adds an
-//! accumulator per record (q16's distinct counts per (channel, day)). The
+//! accumulator per record (q16's distinct counts per (channel, day)). So a
+//! group's first record is kept as it is ([`Slot::One`], sent on unchanged
+//! if it stays alone) and only a second one makes an accumulator; and the
 //! rule is measured, not configured: a stamp of at least [`MEASURED`]
-//! records that made more than a quarter as many groups (fewer than four
-//! records per partial result: q16 makes 2.2) sends the next
-//! [`SKIPPED`] stamps' records as they are, and then combining is tried
-//! again. Smaller stamps are combined (they cost little either way). Results do not depend on it:
-//! merging a partial result is exact ([`Aggregate::merge`](crate::aggregate::Aggregate::merge)).
+//! records of which less than a quarter were combined, or whose combined
+//! records made fewer than four per partial result (q16 makes 2.2), sends
+//! the next [`SKIPPED`] stamps' records as they are, and then combining is
+//! tried again. A hot key among many cold ones (q17's hot auction) is
+//! combined and the cold keys' records go on as they are. Results do not
+//! depend on any of this: merging a partial result is exact
+//! ([`Aggregate::merge`](crate::aggregate::Aggregate::merge)).
+
+use std::collections::hash_map::Entry;
+
+use crate::aggregate::Aggregate;
+use crate::time::{Diff, Timestamp};
 
 /// The partial results a combining step keeps room for between two stamps:
 /// its map is shrunk back to this after a stamp that needed more, so that
@@ -38,11 +47,58 @@ impl Combining {
         true
     }
 
-    /// A combined stamp made `groups` partial results of `records` records.
-    pub(crate) fn made(&mut self, records: usize, groups: usize) {
-        if records >= MEASURED && groups * 4 > records {
+    /// A combined stamp of `records` records combined `combined` of them
+    /// into `partials` partial results (the others went on as they were).
+    pub(crate) fn made(&mut self, records: usize, combined: usize, partials: usize) {
+        if records >= MEASURED && (combined * 4 < records || partials * 4 > combined) {
             self.skip = SKIPPED;
         }
+    }
+}
+
+/// A group's records of one stamp: the first as it is, then combined.
+#[derive(Debug)]
+pub(crate) enum Slot<D, Acc> {
+    /// One record, with its event time and diff.
+    One(D, Timestamp, Diff),
+    /// Several records combined, and how many.
+    Many(Acc, usize),
+}
+
+/// Adds a record to its group's slot: kept as it is if it is the first.
+pub(crate) fn add<G, D, A: Aggregate<D>>(
+    entry: Entry<'_, G, Slot<D, A::Acc>>,
+    agg: &A,
+    record: D,
+    time: Timestamp,
+    diff: Diff,
+) {
+    match entry {
+        Entry::Vacant(e) => {
+            e.insert(Slot::One(record, time, diff));
+        }
+        Entry::Occupied(mut e) => combine_into(e.get_mut(), agg, &record, diff),
+    }
+}
+
+/// Combines a record into its group's slot (a record that lies in several
+/// groups, which sent as it is would count in all of them).
+pub(crate) fn combine<G, D, A: Aggregate<D>>(entry: Entry<'_, G, Slot<D, A::Acc>>, agg: &A, record: &D, diff: Diff) {
+    combine_into(entry.or_insert_with(|| Slot::Many(agg.init(), 0)), agg, record, diff);
+}
+
+fn combine_into<D, A: Aggregate<D>>(slot: &mut Slot<D, A::Acc>, agg: &A, record: &D, diff: Diff) {
+    if let Slot::One(..) = slot {
+        let Slot::One(first, _, first_diff) = std::mem::replace(slot, Slot::Many(agg.init(), 1)) else {
+            unreachable!("matched above")
+        };
+        if let Slot::Many(acc, _) = slot {
+            agg.update(acc, &first, first_diff);
+        }
+    }
+    if let Slot::Many(acc, n) = slot {
+        agg.update(acc, record, diff);
+        *n += 1;
     }
 }
 
@@ -54,11 +110,18 @@ mod tests {
     fn skips_after_a_stamp_that_did_not_pay_then_tries_again() {
         let mut c = Combining::default();
         assert!(c.now());
-        c.made(100, 10);
+        c.made(100, 100, 10);
         assert!(c.now(), "a tenfold reduction pays");
-        c.made(10, 10);
+        c.made(100, 60, 1);
+        assert!(c.now(), "a hot key among cold ones pays");
+        c.made(10, 10, 10);
         assert!(c.now(), "a small stamp does not count");
-        c.made(100, 30);
+        c.made(100, 20, 1);
+        for _ in 0..SKIPPED {
+            assert!(!c.now(), "too few records combined");
+        }
+        assert!(c.now(), "tried again");
+        c.made(100, 90, 30);
         for _ in 0..SKIPPED {
             assert!(!c.now());
         }

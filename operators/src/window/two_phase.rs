@@ -22,7 +22,7 @@ use super::{aligned, AssignWindows, Window, Windowed};
 use crate::aggregate::Aggregate;
 use crate::key::{Data, Key, StateMap};
 use crate::late::LateOutput;
-use crate::partial::{Combining, KEPT_PARTIALS};
+use crate::partial::{self, Combining, Slot, KEPT_PARTIALS};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, AllowedLateness, Diff, Timestamp};
 
@@ -163,7 +163,7 @@ where
     A: Aggregate<D>,
 {
     let inner = stream.inner.clone().unary(Pipeline, &format!("{name}Partials"), move |_cap, _info| {
-        let mut groups: StateMap<(Span, K), A::Acc> = StateMap::default();
+        let mut groups: StateMap<(Span, K), Slot<D, A::Acc>> = StateMap::default();
         let mut assigned: SmallVec<[Window; 4]> = SmallVec::new();
         let mut out: Vec<Update<Phase<D, K, A::Acc>>> = Vec::new();
         let mut combining = Combining::default();
@@ -202,28 +202,37 @@ where
                                 out.push((Phase::Raw(record), time, diff));
                                 continue;
                             }
-                            let acc = groups.entry((Span::Pane(pane), key(&record))).or_insert_with(|| agg.init());
-                            agg.update(acc, &record, diff);
+                            let k = key(&record);
+                            partial::add(groups.entry((Span::Pane(pane), k)), &*agg, record, time, diff);
                         } else {
                             assigned.clear();
                             windows.assign(&record, time, &mut assigned);
-                            if !assigned.iter().any(open) {
-                                out.push((Phase::Raw(record), time, diff));
-                                continue;
-                            }
+                            assigned.retain(|w| open(w));
                             let k = key(&record);
-                            for window in assigned.iter().filter(|w| open(w)) {
-                                let acc =
-                                    groups.entry((Span::Window(*window), k.clone())).or_insert_with(|| agg.init());
-                                agg.update(acc, &record, diff);
+                            match assigned.as_slice() {
+                                [] => out.push((Phase::Raw(record), time, diff)),
+                                [window] => {
+                                    partial::add(groups.entry((Span::Window(*window), k)), &*agg, record, time, diff)
+                                }
+                                several => {
+                                    for window in several {
+                                        let group = groups.entry((Span::Window(*window), k.clone()));
+                                        partial::combine(group, &*agg, &record, diff);
+                                    }
+                                }
                             }
                         }
                     }
                 }
-                combining.made(records, groups.len());
-                out.extend(
-                    groups.drain().map(|((span, k), acc)| (Phase::Partial(span, k, Box::new(acc)), span.time(), 1)),
-                );
+                let (mut combined, mut partials) = (0, 0);
+                out.extend(groups.drain().map(|((span, k), slot)| match slot {
+                    Slot::One(d, t, r) => (Phase::Raw(d), t, r),
+                    Slot::Many(acc, n) => {
+                        (combined, partials) = (combined + n, partials + 1);
+                        (Phase::Partial(span, k, Box::new(acc)), span.time(), 1)
+                    }
+                }));
+                combining.made(records, combined, partials);
                 if groups.capacity() > KEPT_PARTIALS {
                     groups.shrink_to(KEPT_PARTIALS);
                 }

@@ -9,7 +9,7 @@ use timely::dataflow::operators::generic::Operator;
 use crate::aggregate::Aggregate;
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
-use crate::partial::{self, Combining, Slot, KEPT_PARTIALS};
+use crate::partial::{self, Combining, Slot};
 use crate::state::{AnyKeyedState, KeyedState, OperatorState, Schema, Snapshot, Stateful};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, Diff, Timestamp};
@@ -199,18 +199,13 @@ where
                         }
                     }
                     let time = arrival_time(&cap);
-                    let (mut combined, mut partials) = (0, 0);
-                    out.extend(groups.drain().map(|(k, slot)| match slot {
-                        Slot::One(d, t, r) => (Phase::Raw(d), t, r),
-                        Slot::Many(acc, n) => {
-                            (combined, partials) = (combined + n, partials + 1);
-                            (Phase::Partial(k, Box::new(acc)), time, 1)
-                        }
-                    }));
-                    combining.made(records, combined, partials);
-                    if groups.capacity() > KEPT_PARTIALS {
-                        groups.shrink_to(KEPT_PARTIALS);
-                    }
+                    combining.flush(
+                        records,
+                        &mut groups,
+                        &mut out,
+                        |d, t, r| (Phase::Raw(d), t, r),
+                        |k, acc| (Phase::Partial(k, Box::new(acc)), time, 1),
+                    );
                 }
                 if !out.is_empty() {
                     output.session(&cap).give_container(&mut out);

@@ -18,12 +18,13 @@
 use std::collections::hash_map::Entry;
 
 use crate::aggregate::Aggregate;
+use crate::key::StateMap;
 use crate::time::{Diff, Timestamp};
 
 /// The partial results a combining step keeps room for between two stamps:
 /// its map is shrunk back to this after a stamp that needed more, so that
 /// draining it stays cheap.
-pub(crate) const KEPT_PARTIALS: usize = 1 << 14;
+const KEPT_PARTIALS: usize = 1 << 14;
 
 /// Stamps sent as they are after one where combining did not pay.
 const SKIPPED: u32 = 15;
@@ -49,9 +50,37 @@ impl Combining {
 
     /// A combined stamp of `records` records combined `combined` of them
     /// into `partials` partial results (the others went on as they were).
-    pub(crate) fn made(&mut self, records: usize, combined: usize, partials: usize) {
+    fn made(&mut self, records: usize, combined: usize, partials: usize) {
         if records >= MEASURED && (combined * 4 < records || partials * 4 > combined) {
             self.skip = SKIPPED;
+        }
+    }
+}
+
+impl Combining {
+    /// Sends a combined stamp's groups on, into `out`: a lone record as it
+    /// is (`raw`), several combined as one partial result (`partial`); notes
+    /// what combining gave (`records` in the stamp) and shrinks the map back
+    /// to [`KEPT_PARTIALS`].
+    pub(crate) fn flush<G: std::hash::Hash + Eq, D, Acc, T>(
+        &mut self,
+        records: usize,
+        groups: &mut StateMap<G, Slot<D, Acc>>,
+        out: &mut Vec<T>,
+        raw: impl Fn(D, Timestamp, Diff) -> T,
+        partial: impl Fn(G, Acc) -> T,
+    ) {
+        let (mut combined, mut partials) = (0, 0);
+        out.extend(groups.drain().map(|(group, slot)| match slot {
+            Slot::One(d, t, r) => raw(d, t, r),
+            Slot::Many(acc, n) => {
+                (combined, partials) = (combined + n, partials + 1);
+                partial(group, acc)
+            }
+        }));
+        self.made(records, combined, partials);
+        if groups.capacity() > KEPT_PARTIALS {
+            groups.shrink_to(KEPT_PARTIALS);
         }
     }
 }

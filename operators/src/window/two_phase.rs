@@ -12,6 +12,7 @@
 //! on as they are, for the second phase's late output.
 
 use std::rc::Rc;
+use std::slice::IterMut;
 
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
@@ -22,7 +23,7 @@ use super::{aligned, AssignWindows, Window, Windowed};
 use crate::aggregate::Aggregate;
 use crate::key::{Data, Key, StateMap};
 use crate::late::LateOutput;
-use crate::partial::{self, Combining, Slot, KEPT_PARTIALS};
+use crate::partial::{self, Combining, Slot};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, AllowedLateness, Diff, Timestamp};
 
@@ -162,79 +163,25 @@ where
     W: AssignWindows<D>,
     A: Aggregate<D>,
 {
+    let mut first = First {
+        key,
+        windows,
+        agg,
+        lateness,
+        groups: StateMap::default(),
+        assigned: SmallVec::new(),
+        combining: Combining::default(),
+    };
     let inner = stream.inner.clone().unary(Pipeline, &format!("{name}Partials"), move |_cap, _info| {
-        let mut groups: StateMap<(Span, K), Slot<D, A::Acc>> = StateMap::default();
-        let mut assigned: SmallVec<[Window; 4]> = SmallVec::new();
         let mut out: Vec<Update<Phase<D, K, A::Acc>>> = Vec::new();
-        let mut combining = Combining::default();
         move |input, output| {
             input.for_each_stamp(|cap, data| {
-                if !combining.now() {
+                if first.combining.now() {
+                    first.combine(arrival_time(&cap), data, &mut out);
+                } else {
                     for batch in data {
                         out.extend(batch.drain(..).map(|(d, t, r)| (Phase::Raw(d), t, r)));
                     }
-                    if !out.is_empty() {
-                        output.session(&cap).give_container(&mut out);
-                        out.clear();
-                    }
-                    return;
-                }
-                let mut records = 0;
-                let arrived = arrival_time(&cap);
-                let open = |w: &Window| lateness.release_at(w.end) > arrived;
-                // The last pane seen, and whether one of its windows is open.
-                let mut last: Option<(Timestamp, bool)> = None;
-                for batch in data {
-                    records += batch.len();
-                    for (record, time, diff) in batch.drain(..) {
-                        if let Some(pane) = windows.pane(time) {
-                            let is_open = match last {
-                                Some((p, is_open)) if p == pane => is_open,
-                                _ => {
-                                    assigned.clear();
-                                    windows.pane_windows(pane, &mut assigned);
-                                    let is_open = assigned.iter().any(open);
-                                    last = Some((pane, is_open));
-                                    is_open
-                                }
-                            };
-                            if !is_open {
-                                out.push((Phase::Raw(record), time, diff));
-                                continue;
-                            }
-                            let k = key(&record);
-                            partial::add(groups.entry((Span::Pane(pane), k)), &*agg, record, time, diff);
-                        } else {
-                            assigned.clear();
-                            windows.assign(&record, time, &mut assigned);
-                            assigned.retain(|w| open(w));
-                            let k = key(&record);
-                            match assigned.as_slice() {
-                                [] => out.push((Phase::Raw(record), time, diff)),
-                                [window] => {
-                                    partial::add(groups.entry((Span::Window(*window), k)), &*agg, record, time, diff)
-                                }
-                                several => {
-                                    for window in several {
-                                        let group = groups.entry((Span::Window(*window), k.clone()));
-                                        partial::combine(group, &*agg, &record, diff);
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-                let (mut combined, mut partials) = (0, 0);
-                out.extend(groups.drain().map(|((span, k), slot)| match slot {
-                    Slot::One(d, t, r) => (Phase::Raw(d), t, r),
-                    Slot::Many(acc, n) => {
-                        (combined, partials) = (combined + n, partials + 1);
-                        (Phase::Partial(span, k, Box::new(acc)), span.time(), 1)
-                    }
-                }));
-                combining.made(records, combined, partials);
-                if groups.capacity() > KEPT_PARTIALS {
-                    groups.shrink_to(KEPT_PARTIALS);
                 }
                 if !out.is_empty() {
                     output.session(&cap).give_container(&mut out);
@@ -244,4 +191,88 @@ where
         }
     });
     EventStream::new(inner)
+}
+
+/// The first phase's work on a worker.
+struct First<D, K, KF, W, A: Aggregate<D>> {
+    key: Rc<KF>,
+    windows: Rc<W>,
+    agg: Rc<A>,
+    lateness: AllowedLateness,
+    /// The stamp's groups, by pane (or window) and key.
+    groups: StateMap<(Span, K), Slot<D, A::Acc>>,
+    /// Scratch: the windows of the record or pane being placed.
+    assigned: SmallVec<[Window; 4]>,
+    combining: Combining,
+}
+
+impl<D, K, KF, W, A> First<D, K, KF, W, A>
+where
+    D: Data,
+    K: Key,
+    KF: Fn(&D) -> K,
+    W: AssignWindows<D>,
+    A: Aggregate<D>,
+{
+    /// Combines the records of one stamp, arrived at `arrived`, into `out`:
+    /// per pane (or window) and key, late records as they are.
+    fn combine(
+        &mut self,
+        arrived: Timestamp,
+        data: IterMut<'_, Vec<Update<D>>>,
+        out: &mut Vec<Update<Phase<D, K, A::Acc>>>,
+    ) {
+        let lateness = self.lateness;
+        let open = |w: &Window| lateness.release_at(w.end) > arrived;
+        // The last pane seen, and whether one of its windows is open.
+        let mut last: Option<(Timestamp, bool)> = None;
+        let mut records = 0;
+        for batch in data {
+            records += batch.len();
+            for (record, time, diff) in batch.drain(..) {
+                if let Some(pane) = self.windows.pane(time) {
+                    let is_open = match last {
+                        Some((p, is_open)) if p == pane => is_open,
+                        _ => {
+                            self.assigned.clear();
+                            self.windows.pane_windows(pane, &mut self.assigned);
+                            let is_open = self.assigned.iter().any(open);
+                            last = Some((pane, is_open));
+                            is_open
+                        }
+                    };
+                    if is_open {
+                        let group = self.groups.entry((Span::Pane(pane), (self.key)(&record)));
+                        partial::add(group, &*self.agg, record, time, diff);
+                    } else {
+                        out.push((Phase::Raw(record), time, diff));
+                    }
+                    continue;
+                }
+                self.assigned.clear();
+                self.windows.assign(&record, time, &mut self.assigned);
+                self.assigned.retain(|w| open(w));
+                let k = (self.key)(&record);
+                match self.assigned.as_slice() {
+                    [] => out.push((Phase::Raw(record), time, diff)),
+                    [window] => {
+                        partial::add(self.groups.entry((Span::Window(*window), k)), &*self.agg, record, time, diff)
+                    }
+                    several => {
+                        for window in several {
+                            let group = self.groups.entry((Span::Window(*window), k.clone()));
+                            partial::combine(group, &*self.agg, &record, diff);
+                        }
+                    }
+                }
+            }
+        }
+        self.combining.flush(
+            records,
+            &mut self.groups,
+            out,
+            |d, t, r| (Phase::Raw(d), t, r),
+            |(span, k), acc| (Phase::Partial(span, k, Box::new(acc)), span.time(), 1),
+        );
+    }
 }

@@ -47,7 +47,7 @@ use std::sync::{Arc, Mutex};
 use crate::checkpoint::{CheckpointConfig, CheckpointError, Checkpoints};
 use crate::cluster::{checkpoint_membership, config_from_args, ClusterError, StartError};
 use crate::latency::Latency;
-use crate::source::Failing;
+use crate::source::{Alignment, Failing};
 use crate::totals::{Totals, TOTALS_KEY};
 use highwater_operators::checkpoint::CheckpointId;
 use highwater_operators::flow::InFlight;
@@ -160,6 +160,7 @@ pub struct Job {
     coordinator: Option<String>,
     verify: Option<Verify>,
     in_flight: InFlight,
+    alignment: Alignment,
     latency: Option<Latency>,
 }
 
@@ -179,7 +180,8 @@ impl Job {
     pub fn new(config: timely::Config) -> Self {
         let mut config = config;
         let in_flight = InFlight::configure(&mut config);
-        Job { config, checkpoints: None, coordinator: None, verify: None, in_flight, latency: None }
+        let alignment = Alignment::configure(&mut config);
+        Job { config, checkpoints: None, coordinator: None, verify: None, in_flight, alignment, latency: None }
     }
 
     /// A job on the layout timely's arguments describe: `-w` workers per
@@ -199,6 +201,24 @@ impl Job {
     /// sources pause on (flow control; for progress reports).
     pub fn in_flight(&self) -> InFlight {
         self.in_flight.clone()
+    }
+
+    /// Watermark alignment of the job's sources (those that take the job's
+    /// setting, as they do by default): a partition whose watermark is more
+    /// than `drift` of event time ahead of the job's combined watermark
+    /// waits until the others catch up, so that the operators hold a
+    /// bounded amount of state; `None` turns it off. On by default with
+    /// [`DEFAULT_MAX_DRIFT`](crate::source::DEFAULT_MAX_DRIFT) (10 s). See
+    /// [`SourceOptions::max_drift`](crate::source::SourceOptions::max_drift).
+    pub fn max_drift(self, drift: Option<std::time::Duration>) -> Self {
+        self.alignment.set_max_drift(drift);
+        self
+    }
+
+    /// The job's watermark alignment: where its sources stand (for
+    /// progress reports, e.g. [`Alignment::greatest_drift`]).
+    pub fn alignment(&self) -> Alignment {
+        self.alignment.clone()
     }
 
     /// Measures the job's latency ([`crate::latency`]): its sources keep
@@ -249,7 +269,7 @@ impl Job {
         E: std::fmt::Display,
         F: Fn(&mut timely::worker::Worker) -> Result<T, E> + Send + Sync + 'static,
     {
-        let Job { mut config, checkpoints, coordinator, verify, in_flight, latency: _ } = self;
+        let Job { mut config, checkpoints, coordinator, verify, in_flight, alignment, latency: _ } = self;
         let checkpoints = match checkpoints {
             Some(ck) => Some(match checkpoint_membership(&config, coordinator.as_deref())? {
                 Some(membership) => Checkpoints::open_member(ck, membership)?,
@@ -276,6 +296,7 @@ impl Job {
             ck.configure(&mut config);
         }
         let abort = checkpoints.as_ref().map(Checkpoints::startup_abort).unwrap_or_default();
+        alignment.expect_processes(in_flight.process(), in_flight.processes());
         let ck = checkpoints.clone();
         let started = crate::cluster::execute_abortable(config, &abort, move |worker| -> Result<T, JobError> {
             let index = worker.index();
@@ -315,8 +336,9 @@ impl Job {
             // dataflow of their own, built after the job's (whose operators'
             // addresses, and so their checkpointed state's names, are then
             // the same on any number of processes) on every worker.
-            let board = (in_flight.processes() > 1)
-                .then(|| crate::board::Board::build(worker, in_flight.clone(), index % threads == 0));
+            let board = (in_flight.processes() > 1).then(|| {
+                crate::board::Board::build(worker, in_flight.clone(), alignment.clone(), index % threads == 0)
+            });
             let mut watched: Vec<&dyn Failing> = vec![&failures];
             if let Some(ck) = ck.as_ref() {
                 watched.push(ck);

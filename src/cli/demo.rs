@@ -60,7 +60,8 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
     };
     let mut config = config;
     let in_flight = highwater_operators::flow::InFlight::configure(&mut config);
-    let gauges = Gauges { in_flight: Some(in_flight), ..Gauges::default() };
+    let alignment = crate::source::Alignment::configure(&mut config);
+    let gauges = Gauges { in_flight: Some(in_flight), alignment: Some(alignment), ..Gauges::default() };
     let started = Instant::now();
     let progress = Progress::start(gauges.clone(), started);
     let printed: Arc<std::sync::Mutex<Vec<SinkHandle>>> = Default::default();

@@ -97,6 +97,12 @@ pub(super) struct NexmarkArgs {
     /// operator they go to) per worker, above which the sources pause.
     #[arg(long, default_value_t = 100_000)]
     max_in_flight: usize,
+    /// Watermark alignment: a source partition more than this much event
+    /// time ahead of the job's watermark waits for the others (bounds the
+    /// state of windows and joins when partitions read at different
+    /// speeds); `off` to read unaligned.
+    #[arg(long, default_value = "10s")]
+    max_drift: super::progress::Drift,
     /// Print a progress line every second.
     #[arg(long)]
     progress: bool,
@@ -371,7 +377,7 @@ fn query_header(query: Query) -> &'static [&'static str] {
 pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     let config = crate::cluster::config_from_args(&args.timely)?;
     let checkpointed = args.checkpoint_dir.is_some();
-    let mut job = Job::new(config.clone());
+    let mut job = Job::new(config.clone()).max_drift(args.max_drift.0.map(|d| Duration::from_millis(d.0)));
     if args.latency {
         if job.in_flight().processes() > 1 {
             bail!("--latency measures on one process (each process sees only its own sources' clocks): drop -n");
@@ -456,7 +462,7 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
         }
     }
 
-    let gauges = Gauges { in_flight: Some(job.in_flight()), ..Gauges::default() };
+    let gauges = Gauges { in_flight: Some(job.in_flight()), alignment: Some(job.alignment()), ..Gauges::default() };
     let latency = job.latency();
     // (row sinks, dead-letter sinks) of every worker.
     let sinks: Arc<std::sync::Mutex<(Vec<SinkHandle>, Vec<SinkHandle>)>> = Default::default();

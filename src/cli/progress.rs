@@ -8,7 +8,24 @@ use std::time::{Duration, Instant};
 
 use crate::nexmark::queries::{utc_day, utc_hour_minute};
 use crate::operators::{Counter, Timestamp, END_OF_TIME};
-use crate::source::SourceMetrics;
+use crate::source::{Alignment, SourceMetrics};
+use crate::time::Millis;
+
+/// A drift for watermark alignment on the command line: a duration (`10s`)
+/// or `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Drift(pub(super) Option<Millis>);
+
+impl std::str::FromStr for Drift {
+    type Err = crate::time::DurationError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("off") {
+            Ok(Drift(None))
+        } else {
+            s.parse().map(|d| Drift(Some(d)))
+        }
+    }
+}
 
 /// Formats an epoch-ms time as `yyyy-MM-ddTHH:mm:ss.SSSZ`.
 pub(super) fn iso(ms: Timestamp) -> String {
@@ -29,6 +46,8 @@ pub(super) struct Gauges {
     pub(super) late: Arc<std::sync::Mutex<Vec<Counter>>>,
     /// Records in flight between the process's workers (flow control).
     pub(super) in_flight: Option<highwater_operators::flow::InFlight>,
+    /// The job's watermark alignment (for the current drift).
+    pub(super) alignment: Option<Alignment>,
 }
 
 impl Gauges {
@@ -64,7 +83,7 @@ impl Progress {
                     if watermark == 0 || watermark == END_OF_TIME { 0 } else { max_seen.saturating_sub(watermark) };
                 eprintln!(
                     "[{:>6.1}s] events {} ({:.2} M ev/s) | watermark {} | lag {:.1} s | late {} | dead letters {} \
-                     | in flight {} | throttled {:.1} s",
+                     | in flight {} | throttled {:.1} s | drift {} | aligned {:.1} s",
                     started.elapsed().as_secs_f64(),
                     records,
                     rate / 1e6,
@@ -74,6 +93,12 @@ impl Progress {
                     gauges.source.dead_letters.get(),
                     gauges.in_flight.as_ref().map_or(0, |f| f.records()),
                     gauges.source.throttled_us.get() as f64 / 1e6,
+                    gauges
+                        .alignment
+                        .as_ref()
+                        .and_then(Alignment::greatest_drift)
+                        .map_or_else(|| "-".to_owned(), |ms| format!("{:.1} s", ms as f64 / 1000.0)),
+                    gauges.source.aligned_us.get() as f64 / 1e6,
                 );
             }
         });
@@ -115,12 +140,13 @@ pub(super) fn summary(gauges: &Gauges, totals: &BTreeMap<String, u64>, started: 
     let rows = totals.get("rows").copied().unwrap_or(rows);
     format!(
         "events={events} seconds={seconds:.3} events/s={:.0} late={} late_read={} dead_letters={} rows={rows} \
-         throttled_ms={} peak_rss_mib={}",
+         throttled_ms={} aligned_ms={} peak_rss_mib={}",
         events as f64 / seconds.max(1e-9),
         totals.get("late").copied().unwrap_or_else(|| gauges.late()),
         total(".late_read", gauges.source.late.get()),
         total(".dead_letters", gauges.source.dead_letters.get()),
         total(".throttled_us", gauges.source.throttled_us.get()) / 1000,
+        total(".aligned_us", gauges.source.aligned_us.get()) / 1000,
         peak_rss_mib(),
     )
 }

@@ -23,8 +23,8 @@ pub use decode::{Decode, DecodeError, JsonDecoder};
 pub use file::{JsonLines, JsonLinesReader, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_RECORD_SIZE};
 pub use memory::MemorySource;
 pub use read::{
-    read, run_until_failed, Failing, FromSource, JobFailed, RetryPolicy, SourceMetrics, SourceOptions, SourceStreams,
-    WatermarkBoard,
+    read, run_until_failed, Alignment, Failing, FromSource, JobFailed, MaxDrift, RetryPolicy, SourceMetrics,
+    SourceOptions, SourceStreams, Span, WatermarkBoard, DEFAULT_MAX_DRIFT,
 };
 
 use crate::dead_letter::DeadLetter;

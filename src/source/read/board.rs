@@ -31,6 +31,20 @@ impl WatermarkBoard {
         }
     }
 
+    /// The least watermark of the workers reading active partitions, if
+    /// any: the combined watermark that a source aligns its partitions to
+    /// when the computation has no [`Alignment`](super::Alignment).
+    pub(super) fn active_min(&self) -> Option<Timestamp> {
+        let Ok(board) = self.0.lock() else { return None };
+        board
+            .iter()
+            .filter_map(|posted| match posted {
+                Posted::Active(w) => Some(*w),
+                _ => None,
+            })
+            .min()
+    }
+
     /// Where a worker whose partitions all rest may take its watermark: the
     /// least watermark of the workers still reading, or if none is, the
     /// highest any worker reached. Workers that have not posted (starting, or

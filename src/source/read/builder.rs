@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use timely::dataflow::{ProbeHandle, Scope};
 
-use super::{read, RetryPolicy, SourceMetrics, SourceOptions, SourceStreams};
+use super::{read, MaxDrift, RetryPolicy, SourceMetrics, SourceOptions, SourceStreams};
 use crate::source::{Offset, Source, SourceError};
 use crate::time::{IntoMillis, WatermarkStrategy};
 use crate::Timestamp;
@@ -110,6 +110,28 @@ impl<S: Source, TF: Fn(&S::Record) -> Timestamp + 'static> FromSource<S, TF> {
     /// [`SourceOptions::watermark_interval`].
     pub fn watermark_interval(mut self, interval: impl IntoMillis) -> Self {
         self.options.watermark_interval = Some(std::time::Duration::from_millis(interval.into_millis()));
+        self
+    }
+
+    /// Watermark alignment: a partition more than `drift` of event time
+    /// ahead of the combined watermark of its group waits until the others
+    /// catch up (default: the job's, 10 s). See [`SourceOptions::max_drift`].
+    pub fn max_drift(mut self, drift: impl IntoMillis) -> Self {
+        self.options.max_drift = MaxDrift::Of(std::time::Duration::from_millis(drift.into_millis()));
+        self
+    }
+
+    /// Turns watermark alignment off for this source: its partitions read
+    /// as fast as flow control lets them, however far ahead in event time.
+    pub fn unaligned(mut self) -> Self {
+        self.options.max_drift = MaxDrift::Off;
+        self
+    }
+
+    /// Aligns this source with the sources of `group` only (default: every
+    /// source of the job). See [`SourceOptions::alignment_group`].
+    pub fn alignment_group(mut self, group: &str) -> Self {
+        self.options.alignment_group = Some(group.to_owned());
         self
     }
 

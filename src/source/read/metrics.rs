@@ -23,6 +23,10 @@ pub struct SourceMetrics {
     /// in flight between the workers (downstream was slower than the
     /// source): see [`SourceOptions::max_in_flight`](crate::source::SourceOptions::max_in_flight).
     pub throttled_us: Counter,
+    /// Microseconds the source's workers spent with a partition paused for
+    /// watermark alignment (it ran more than the drift ahead of the
+    /// combined watermark): see [`SourceOptions::max_drift`](crate::source::SourceOptions::max_drift).
+    pub aligned_us: Counter,
     /// The greatest event time read so far.
     pub max_event_time: Arc<AtomicU64>,
     /// Errors a partition failed with (the source then holds its watermark

@@ -3,11 +3,13 @@
 //!
 //! The operator is [`read`]; its concerns live beside it: the options
 //! (`options.rs`), one partition's reading, retries and positions
-//! (`partition.rs`), credit against the output probe (`credit.rs`), the
+//! (`partition.rs`), credit against the output probe (`credit.rs`),
+//! watermark alignment (`align.rs`), the
 //! source's part in checkpoints (`cuts.rs`), the board on which a process's
 //! workers post their watermarks (`board.rs`), and its metrics with
 //! [`run_until_failed`] (`metrics.rs`).
 
+mod align;
 mod board;
 mod builder;
 mod credit;
@@ -17,6 +19,7 @@ mod options;
 mod pace;
 mod partition;
 
+pub use align::{Alignment, MaxDrift, Span, DEFAULT_MAX_DRIFT};
 pub use board::WatermarkBoard;
 pub use builder::FromSource;
 pub(crate) use metrics::run_with_board;
@@ -39,6 +42,7 @@ use super::{PartitionReader, Source, SourceError};
 use crate::checkpoint::Checkpoints;
 use crate::dead_letter::DeadLetter;
 use crate::time::PartitionWatermark;
+use align::Aligner;
 use board::Posted;
 use credit::Credit;
 use cuts::SourceCuts;
@@ -138,6 +142,7 @@ where
         totals.count(&format!("{}.dead_letters", options.name), &metrics.dead_letters);
         totals.count(&format!("{}.late_read", options.name), &metrics.late);
         totals.count(&format!("{}.throttled_us", options.name), &metrics.throttled_us);
+        totals.count(&format!("{}.aligned_us", options.name), &metrics.aligned_us);
     }
     let restored = checkpoints.as_ref().and_then(|c| c.restored_partitions(&options.name));
     if let Some(restored) = restored {
@@ -178,8 +183,16 @@ where
     let (dead_out, dead) = builder.new_output();
     let mut events_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<S::Record>>>>::from(events_out);
     let mut dead_out = OutputBuilder::<_, CapacityContainerBuilder<Vec<Update<DeadLetter>>>>::from(dead_out);
+    let aligner = Aligner::new(
+        align::Alignment::of(&scope),
+        options.alignment_group.as_deref(),
+        options.max_drift,
+        metrics.aligned_us.clone(),
+    );
     let mut reading = Reading::<S, TF> {
         concurrent: source.concurrent_partitions().max(1),
+        aligner,
+        limit: None,
         credit: Credit::new(
             probe,
             options.max_in_flight,
@@ -219,10 +232,14 @@ where
             let (Some(held), Some(held_dead)) = (cap.as_mut(), dead_cap.as_mut()) else { return };
             let now = Instant::now();
             reading.check_built();
+            reading.align(now);
             reading.open_partitions(now);
             let any_data =
                 reading.read_partitions(held, held_dead, &mut events_out.activate(), &mut dead_out.activate(), now);
             if reading.open.is_empty() && reading.queue.is_empty() {
+                // No longer holds the others back (posted before its last
+                // partition ended, the span would stay for good).
+                reading.align(now);
                 match reading.all_ended() {
                     Some(horizon) => {
                         // Held until every source has ended, so that no
@@ -286,6 +303,10 @@ struct Reading<S: Source, TF> {
     queue: VecDeque<Partition<S::Reader>>,
     open: Vec<Partition<S::Reader>>,
     credit: Credit,
+    /// Watermark alignment, and the watermark above which a partition waits
+    /// in this activation (`None`: none waits).
+    aligner: Aligner,
+    limit: Option<Timestamp>,
     /// With checkpoints.
     cuts: Option<SourceCuts<S::Reader>>,
     /// The failures of the job, if it runs as a [`crate::Job`].
@@ -343,12 +364,60 @@ where
         }
     }
 
-    /// Opens queued partitions up to the number read at a time.
+    /// Posts where this worker's active partitions stand for watermark
+    /// alignment, and learns the watermark above which a partition waits.
+    fn align(&mut self, now: Instant) {
+        if !self.aligner.enabled() {
+            return;
+        }
+        let span = self
+            .open
+            .iter()
+            .chain(self.queue.iter())
+            .filter(|p| !p.idle)
+            .map(|p| p.watermark.current())
+            .fold(None, |span: Option<align::Span>, w| Some(span.map_or((w, w), |(lo, hi)| (lo.min(w), hi.max(w)))));
+        let board = &self.options.board;
+        self.limit = self.aligner.limit(&self.options.name, self.index, span, || board.active_min());
+        // Time paused for alignment does not count towards idleness: a
+        // partition held back is not one without records.
+        let mut paused = false;
+        for p in self.open.iter_mut().filter(|p| p.started() && !p.done) {
+            if self.limit.is_some_and(|limit| p.watermark.current() > limit) {
+                p.watermark.touch(now);
+                paused = true;
+            }
+        }
+        self.aligner.paused(paused, now);
+    }
+
+    /// Whether `partition` waits for the others to catch up (alignment).
+    fn ahead(&self, partition: &Partition<S::Reader>) -> bool {
+        self.limit.is_some_and(|limit| partition.started() && partition.watermark.current() > limit)
+    }
+
+    /// Opens queued partitions up to the number read at a time. Of
+    /// partitions that take turns, one that waits for alignment gives its
+    /// turn to a waiting one that may read (else a worker whose open
+    /// partition ran ahead could wait for good on one of its own queued
+    /// partitions, the one at the minimum).
     fn open_partitions(&mut self, now: Instant) {
         while self.open.len() < self.concurrent {
             let Some(mut partition) = self.queue.pop_front() else { break };
             partition.watermark.touch(now);
             self.open.push(partition);
+        }
+        if self.concurrent == usize::MAX || self.limit.is_none() {
+            return;
+        }
+        while let Some(i) = self.open.iter().position(|p| self.ahead(p)) {
+            let Some(j) = self.queue.iter().position(|q| !q.done && !self.ahead(q)) else { break };
+            let Some(mut turn) = self.queue.remove(j) else { break };
+            let mut waits = self.open.swap_remove(i);
+            waits.reader.set_aside();
+            turn.watermark.touch(now);
+            self.open.push(turn);
+            self.queue.push_front(waits);
         }
     }
 
@@ -406,7 +475,10 @@ where
         let mut open = std::mem::take(&mut self.open);
         if may_read_ahead || pending.is_some_and(|time| time > *held.time()) {
             for partition in open.iter_mut() {
-                if partition.readable(now) && (may_read_ahead || behind(partition)) {
+                // Behind a pending cut, a partition reads even if it is ahead
+                // of the others: the cut completes only once it passes.
+                let aligned = !self.ahead(partition) || behind(partition);
+                if partition.readable(now) && (may_read_ahead && aligned || behind(partition)) {
                     any_data |= self.read_batch(partition, held, held_dead, events, dead, now);
                 }
             }

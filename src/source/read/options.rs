@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::WatermarkBoard;
+use super::{MaxDrift, WatermarkBoard};
 use crate::source::Offset;
 use crate::time::WatermarkStrategy;
 
@@ -39,6 +39,25 @@ pub struct SourceOptions {
     /// [`Job`](crate::Job) (or with `highwater::operators::flow::InFlight::configure`);
     /// otherwise against the probe given to [`read`](crate::source::read()).
     pub max_in_flight: usize,
+    /// Watermark alignment: a partition whose watermark is more than this
+    /// far ahead of the combined watermark of its alignment group (the
+    /// least watermark of the group's active partitions on every worker and
+    /// process) stops reading until the combined watermark comes within it,
+    /// so that operators waiting for event time hold a bounded amount of
+    /// state. Idle and ended partitions are left out, and the partition at
+    /// the minimum always reads: no deadlock. The default,
+    /// [`MaxDrift::Job`], takes the job's setting (10 s unless
+    /// [`Job::max_drift`](crate::Job::max_drift) says otherwise; see
+    /// [`DEFAULT_MAX_DRIFT`](super::DEFAULT_MAX_DRIFT)). Which records are
+    /// read when changes; which time they go out at does not, so neither do
+    /// results. A partition that never becomes idle
+    /// (`idle_timeout: None`) and gets no records holds the others back.
+    pub max_drift: MaxDrift,
+    /// The alignment group (as Flink's `withWatermarkAlignment(group, ..)`):
+    /// sources of one group are aligned with each other. `None` (the
+    /// default): the job's group, which every source is in unless it names
+    /// another.
+    pub alignment_group: Option<String>,
     /// Offsets to start partitions from (by partition index), e.g. on recovery.
     pub start_offsets: Vec<(usize, Offset)>,
     /// Where the workers of a process post their watermarks, so that a worker
@@ -112,6 +131,8 @@ impl Default for SourceOptions {
             board: WatermarkBoard::default(),
             retry: RetryPolicy::default(),
             rate_limit: None,
+            max_drift: MaxDrift::Job,
+            alignment_group: None,
         }
     }
 }

@@ -63,13 +63,6 @@ pub enum MaxDrift {
     Off,
 }
 
-impl MaxDrift {
-    /// `Some(drift)` is [`MaxDrift::Of`], `None` is [`MaxDrift::Off`].
-    pub fn from_option(drift: Option<Duration>) -> Self {
-        drift.map_or(MaxDrift::Off, MaxDrift::Of)
-    }
-}
-
 /// The key under which a process's [`Alignment`] sits in the timely worker
 /// configuration.
 const KEY: &str = "highwater::source::alignment";
@@ -215,12 +208,12 @@ impl Alignment {
     pub(crate) fn learn(&self, process: usize, summary: &[(String, Option<Span>)]) {
         let mut groups = self.lock();
         groups.awaiting.remove(&process);
+        for (name, _) in summary {
+            groups.groups.entry(name.clone()).or_default();
+        }
         for (name, group) in groups.groups.iter_mut() {
             let span = summary.iter().find(|(n, _)| n == name).and_then(|(_, span)| *span);
             group.remote.insert(process, span);
-        }
-        for (name, span) in summary {
-            groups.groups.entry(name.clone()).or_default().remote.insert(process, *span);
         }
     }
 

@@ -41,6 +41,14 @@ if ! command -v moto_server >/dev/null 2>&1; then
     hash -r
 fi
 
+# A Kafka-protocol broker with transactions for the Kafka tests: noida-db
+# from PyPI, pinned (a young project: a new release is taken knowingly). The
+# tests start its binary on free loopback ports (tests/common/kafka.rs).
+if ! python3 -c 'import noida_db' >/dev/null 2>&1 || [ "$(python3 -m pip show noida-db 2>/dev/null | sed -n 's/^Version: //p')" != 0.2.3 ]; then
+    log "installing noida-db 0.2.3 (the Kafka broker of the Kafka tests)"
+    python3 -m pip install --quiet 'noida-db==0.2.3'
+fi
+
 log "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -79,7 +87,7 @@ HIGHWATER_STATE_BACKEND=encoded cargo test --workspace --release "${features[@]}
 # checks its own results; each connector feature builds on its own.
 log "a user's crate with default features off (tests/user-crate); each feature alone"
 user_tree=$(cargo tree --manifest-path tests/user-crate/Cargo.toml --locked -e normal,build --prefix none)
-forbidden='^(rocksdb|librocksdb-sys|openssl|openssl-sys|native-tls|ring|aws-lc-sys|cc|cmake|bindgen|tokio|reqwest|object_store|postgres|clap|tracing-subscriber|mimalloc) '
+forbidden='^(rocksdb|librocksdb-sys|rdkafka|rdkafka-sys|openssl|openssl-sys|native-tls|ring|aws-lc-sys|cc|cmake|bindgen|tokio|reqwest|object_store|postgres|clap|tracing-subscriber|mimalloc) '
 if grep -E "$forbidden" <<<"$user_tree"; then
     echo "error: the crates above reach a user's build with default features off" >&2
     exit 1
@@ -88,8 +96,13 @@ user_dir=$(mktemp -d)
 cargo run --manifest-path tests/user-crate/Cargo.toml --locked --target-dir "${CARGO_TARGET_DIR:-$PWD/target}" \
     -- "$user_dir" -w 2
 rm -rf "$user_dir"
-for feature in postgres s3; do
+for feature in postgres s3 kafka; do
     cargo check --lib --no-default-features --features "$feature"
 done
+
+# The notebooks, executed headless in the evcxr kernel (installs Jupyter
+# and evcxr_jupyter when missing); any cell error fails the run.
+log "notebooks (evcxr)"
+bash scripts/notebooks.sh
 
 log "all checks passed"

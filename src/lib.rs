@@ -30,6 +30,8 @@ pub mod enrich;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod job;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod latency;
 pub mod nexmark;
 pub mod sink;

@@ -1,4 +1,4 @@
-//! `highwater nexmark`: one Nexmark query over a file or the generator.
+//! `highwater nexmark`: one Nexmark query over a file, Kafka or the generator.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -16,6 +16,7 @@ use super::progress::{summary, Gauges, Progress};
 use crate::checkpoint::{CheckpointConfig, Checkpoints};
 use crate::dead_letter::DeadLetter;
 use crate::job::{Job, JobError};
+use crate::kafka::{KafkaConfig, KafkaSource};
 use crate::nexmark::queries::{q10_partition, QueryKind};
 use crate::nexmark::{
     build, Event, Generator, GeneratorConfig, GeneratorSource, NexmarkDecoder, Query, QueryOptions, QueryOutput,
@@ -43,6 +44,24 @@ pub(super) struct NexmarkArgs {
     /// Generate this many events instead of reading a file.
     #[arg(long, short)]
     events: Option<u64>,
+    /// Read the events from Kafka (`HOST:PORT[,HOST:PORT...]`), from the
+    /// partitions of --topic.
+    #[arg(long, value_name = "BROKERS", requires = "topic", conflicts_with_all = ["input", "events"])]
+    kafka: Option<String>,
+    /// --kafka: the topic(s) of Nexmark JSON events.
+    #[arg(long, value_name = "TOPIC", num_args = 1.., requires = "kafka")]
+    topic: Vec<String>,
+    /// --kafka: where to start without a checkpoint: earliest, latest,
+    /// group (the consumer group's committed offsets) or a timestamp in ms.
+    #[arg(long, default_value = "earliest", requires = "kafka")]
+    from: crate::kafka::StartFrom,
+    /// --kafka: `latest` reads up to the end offsets found at start, then
+    /// ends (a bounded run); `never` (the default) follows the topic.
+    #[arg(long, default_value = "never", requires = "kafka")]
+    to: crate::kafka::StopAt,
+    /// --kafka: the consumer group.
+    #[arg(long, default_value = crate::kafka::DEFAULT_GROUP, requires = "kafka")]
+    group: String,
     /// Generator: events per second of event time.
     #[arg(long, default_value_t = 10_000.0)]
     rate: f64,
@@ -188,6 +207,7 @@ fn read_side_input(path: &PathBuf) -> anyhow::Result<HashMap<i64, String>> {
 pub(super) enum Input {
     Files(Arc<JsonLines<NexmarkDecoder>>),
     Generator(Arc<Generator>),
+    Kafka(Arc<KafkaSource<NexmarkDecoder>>),
 }
 
 /// Reads the events of `input` into the dataflow.
@@ -205,6 +225,7 @@ pub(super) fn events<'scope>(
             let source = Arc::new(GeneratorSource::new(Arc::clone(g), scope.peers()));
             read(scope, source, time, options, &gauges.source, Some(probe.clone()))?
         }
+        Input::Kafka(source) => read(scope, Arc::clone(source), time, options, &gauges.source, Some(probe.clone()))?,
     })
 }
 
@@ -427,8 +448,13 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
             ..Default::default()
         })?;
         Input::Generator(Arc::new(generator))
+    } else if let Some(brokers) = &args.kafka {
+        let config = KafkaConfig::new(brokers.clone()).group(args.group.clone());
+        Input::Kafka(Arc::new(
+            KafkaSource::new(config, args.topic.clone(), NexmarkDecoder).start_from(args.from).stop_at(args.to),
+        ))
     } else {
-        bail!("give the events with --input FILE... or --events N");
+        bail!("give the events with --input FILE..., --events N or --kafka BROKERS --topic T");
     };
     let input = Arc::new(input);
     let side_input = args.side_input.as_ref().map(read_side_input).transpose()?.map(Arc::new);

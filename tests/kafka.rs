@@ -1,0 +1,385 @@
+//! The Kafka source against a real Kafka-protocol broker (tests/common/kafka.rs
+//! starts one per test on a free port).
+//!
+//! - Windowed counts over a topic of 4 partitions, one of them empty, equal
+//!   a naive count of the events produced, at 1 and 2 workers (bounded with
+//!   `StopAt::Latest`), and the empty partition of a live source goes idle
+//!   instead of stalling the windows.
+//! - `highwater nexmark --kafka ... --to latest` gives the rows of the same
+//!   query over the same events in a file (tests/nexmark_oracle.rs checks the
+//!   file runs against a naive evaluator), at 1 and 2 workers and at 2
+//!   processes.
+//! - Start positions (`latest`, a timestamp, the group's offsets) and bad
+//!   records (dead letters with topic, partition and offset; the job goes on).
+//! - A checkpointed job over Kafka killed with SIGKILL recovers from the
+//!   offsets in its checkpoint, and its committed output equals an
+//!   uninterrupted run's.
+
+#[path = "common/crash.rs"]
+mod crash;
+#[path = "common/kafka.rs"]
+mod kafka;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crash::{committed_parts, events_file, Scratch};
+use highwater::kafka::{create_topic, KafkaConfig, KafkaSource, Producer, StartFrom, StopAt, WithTimestamp};
+use highwater::prelude::*;
+use kafka::KafkaBroker;
+use serde::{Deserialize, Serialize};
+
+const BIN: &str = env!("CARGO_BIN_EXE_highwater");
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+struct Click {
+    user: String,
+    time: u64,
+}
+
+/// `n` clicks of 20 users, about 1 ms of event time apart, each up to 2 s
+/// out of order, round-robin over `partitions` partitions; as
+/// `(partition, click)`.
+fn clicks(n: u64, partitions: u64) -> Vec<(i32, Click)> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    };
+    (0..n)
+        .map(|i| {
+            let time = 1_700_000_000_000 + i + 2_000 - next() % 2_000;
+            ((i % partitions) as i32, Click { user: format!("u{}", next() % 20), time })
+        })
+        .collect()
+}
+
+fn produce(config: &KafkaConfig, topic: &str, records: &[(i32, Vec<u8>)]) {
+    let producer = Producer::new(config).unwrap();
+    for (partition, payload) in records {
+        producer.send(topic, Some(*partition), None, payload).unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+fn produce_clicks(config: &KafkaConfig, topic: &str, clicks: &[(i32, Click)]) {
+    let records: Vec<_> = clicks.iter().map(|(p, c)| (*p, serde_json::to_vec(c).unwrap())).collect();
+    produce(config, topic, &records);
+}
+
+/// The naive count of clicks per user and 10 s window.
+fn naive_counts(clicks: &[(i32, Click)]) -> BTreeMap<(String, u64), u64> {
+    let mut counts = BTreeMap::new();
+    for (_, c) in clicks {
+        *counts.entry((c.user.clone(), c.time - c.time % 10_000)).or_insert(0) += 1;
+    }
+    counts
+}
+
+type Counts = Collected<(String, u64, u64)>;
+
+/// Counts clicks per user in 10 s tumbling windows, reading `source`.
+fn count_windows<M>(source: Arc<KafkaSource<M>>, scope: timely::dataflow::Scope<'_, u64>, into: &Counts)
+where
+    M: highwater::kafka::MessageDecode<Record = Click>,
+{
+    let read = FromSource::new(source, |c: &Click| c.time)
+        .watermark(WatermarkStrategy::bounded(3.secs()))
+        .idle_timeout(300.millis())
+        .build(scope)
+        .unwrap();
+    let counts = read
+        .events
+        .window(Tumbling::of(10.secs()))
+        .key_by(|c: &Click| c.user.clone())
+        .aggregate(Count)
+        .results
+        .map(|r| (r.key, r.window.start, r.value));
+    collect(&counts, into);
+}
+
+fn as_map(rows: Vec<(String, u64, u64)>) -> BTreeMap<(String, u64), u64> {
+    let mut map = BTreeMap::new();
+    for (user, start, count) in rows {
+        assert!(map.insert((user, start), count).is_none(), "a window fired twice");
+    }
+    map
+}
+
+#[test]
+fn bounded_windowed_counts_equal_the_naive_counts_at_one_and_two_workers() {
+    let broker = KafkaBroker::start();
+    let config = KafkaConfig::new(broker.brokers());
+    create_topic(&config, "clicks", 4).unwrap();
+    // Partition 3 stays empty.
+    let clicks = clicks(30_000, 3);
+    produce_clicks(&config, "clicks", &clicks);
+    let expected = naive_counts(&clicks);
+    for workers in [1, 2] {
+        let counts = Counts::default();
+        let into = counts.clone();
+        let source =
+            Arc::new(KafkaSource::new(config.clone(), ["clicks"], JsonDecoder::<Click>::new()).stop_at(StopAt::Latest));
+        Job::new(timely::Config::process(workers))
+            .run(move |worker| {
+                worker.dataflow(|scope| count_windows(Arc::clone(&source), scope, &into));
+                Ok::<_, String>(())
+            })
+            .unwrap();
+        assert_eq!(as_map(counts.rows()), expected, "at {workers} worker(s)");
+    }
+}
+
+#[test]
+fn an_empty_partition_of_a_live_source_goes_idle_instead_of_stalling_the_windows() {
+    let broker = KafkaBroker::start();
+    let config = KafkaConfig::new(broker.brokers());
+    create_topic(&config, "live", 4).unwrap();
+    let clicks = clicks(40_000, 3);
+    produce_clicks(&config, "live", &clicks);
+    // Every window that ends 3 s (the watermark delay) before the last
+    // click must fire although partition 3 never has a record.
+    let last = clicks.iter().map(|(_, c)| c.time).max().unwrap();
+    let expected: BTreeMap<_, _> =
+        naive_counts(&clicks).into_iter().filter(|((_, start), _)| start + 10_000 + 3_000 <= last).collect();
+    assert!(!expected.is_empty());
+    let counts = Counts::default();
+    let into = counts.clone();
+    let source = Arc::new(KafkaSource::new(config.clone(), ["live"], JsonDecoder::<Click>::new()));
+    // A live job does not end: it runs on a thread of its own, left running
+    // when the test returns (each test is a process of its own).
+    std::thread::spawn(move || {
+        Job::new(timely::Config::process(2))
+            .run(move |worker| {
+                worker.dataflow(|scope| count_windows(Arc::clone(&source), scope, &into));
+                Ok::<_, String>(())
+            })
+            .unwrap();
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = as_map(counts.rows());
+        let fired: BTreeMap<_, _> =
+            got.iter().filter(|(k, _)| expected.contains_key(k)).map(|(k, v)| (k.clone(), *v)).collect();
+        if fired == expected {
+            // Nothing beyond what the watermark allows has fired.
+            assert!(got.keys().all(|(_, start)| start + 10_000 <= last), "a window fired before its end");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the windows did not fire within 60 s: {} of {}",
+            fired.len(),
+            expected.len()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn start_positions_latest_timestamp_and_group() {
+    let broker = KafkaBroker::start();
+    let config = KafkaConfig::new(broker.brokers()).group("positions");
+    create_topic(&config, "pos", 1).unwrap();
+    let clicks = clicks(1_000, 1);
+    produce_clicks(&config, "pos", &clicks);
+    let run = |start: StartFrom| -> Vec<Click> {
+        let out = Collected::default();
+        let into = out.clone();
+        let source = Arc::new(
+            KafkaSource::new(config.clone(), ["pos"], JsonDecoder::<Click>::new())
+                .start_from(start)
+                .stop_at(StopAt::Latest),
+        );
+        Job::new(timely::Config::process(1))
+            .run(move |worker| {
+                worker.dataflow(|scope| {
+                    let read = FromSource::new(Arc::clone(&source), |c: &Click| c.time).build(scope).unwrap();
+                    collect(&read.events, &into);
+                });
+                Ok::<_, String>(())
+            })
+            .unwrap();
+        out.updates().into_iter().map(|(c, _, _)| c).collect()
+    };
+    let all: Vec<Click> = clicks.iter().map(|(_, c)| c.clone()).collect();
+    assert_eq!(run(StartFrom::Earliest), all);
+    assert_eq!(run(StartFrom::Latest), vec![]);
+    // Without committed offsets, the group starts at the earliest.
+    assert_eq!(run(StartFrom::Group), all);
+    // The broker stamps records with the time they were produced: from a
+    // time after they all were, nothing; from before, everything.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    assert_eq!(run(StartFrom::Timestamp(now + 60_000)), vec![]);
+    assert_eq!(run(StartFrom::Timestamp(now - 600_000)), all);
+}
+
+#[test]
+fn record_timestamps_as_event_time_and_bad_records_as_dead_letters() {
+    let broker = KafkaBroker::start();
+    let config = KafkaConfig::new(broker.brokers());
+    create_topic(&config, "mixed", 2).unwrap();
+    let records: Vec<(i32, Vec<u8>)> = vec![
+        (0, br#"{"user":"a","time":1}"#.to_vec()),
+        (0, b"not json".to_vec()),
+        (1, br#"{"user":"b","time":2}"#.to_vec()),
+        (1, br#"{"user":"c"}"#.to_vec()),
+        (1, br#"{"user":"d","time":4}"#.to_vec()),
+    ];
+    produce(&config, "mixed", &records);
+    let (out, dead) = (Collected::default(), Collected::default());
+    let (into, dead_into) = (out.clone(), dead.clone());
+    let source = Arc::new(
+        KafkaSource::new(config.clone(), ["mixed"], WithTimestamp(JsonDecoder::<Click>::new())).stop_at(StopAt::Latest),
+    );
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    Job::new(timely::Config::process(2))
+        .run(move |worker| {
+            worker.dataflow(|scope| {
+                let read = FromSource::new(Arc::clone(&source), |c: &highwater::kafka::Stamped<Click>| c.time)
+                    .build(scope)
+                    .unwrap();
+                collect(&read.events, &into);
+                collect(&read.dead_letters.map(|d| (d.origin, d.offset, d.reason.is_empty())), &dead_into);
+            });
+            Ok::<_, String>(())
+        })
+        .unwrap();
+    let mut users: Vec<String> = out.rows().into_iter().map(|s| s.value.user).collect();
+    users.sort();
+    assert_eq!(users, ["a", "b", "d"]);
+    // Event time is the broker's timestamp, not the payload's `time`.
+    assert!(out.updates().iter().all(|(s, t, _)| *t == s.time && s.time >= before - 600_000));
+    assert_eq!(dead.rows(), [("kafka:mixed/0".to_owned(), 1, false), ("kafka:mixed/1".to_owned(), 1, false)]);
+}
+
+/// `highwater generate --kafka`: the events of `events` into `topic`, which
+/// has 4 partitions, over its first 3 (the last stays empty).
+fn generate_to_kafka(broker: &KafkaBroker, topic: &str, events: u64) {
+    create_topic(&KafkaConfig::new(broker.brokers()), topic, 4).unwrap();
+    let out = Command::new(BIN)
+        .args(["generate", "--events", &events.to_string(), "--kafka", &broker.brokers(), "--topic", topic])
+        .args(["--partitions", "3"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The sorted rows of a CSV output file (header left out).
+fn rows_of(csv: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(csv).unwrap();
+    let mut rows: Vec<String> = text.lines().skip(1).map(str::to_owned).collect();
+    rows.sort();
+    rows
+}
+
+fn nexmark(query: &str, input: &[&str], output: &Path, timely: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["nexmark", "-q", query]).args(input).arg("--output").arg(output).arg("--").args(timely);
+    cmd
+}
+
+fn run_ok(mut cmd: Command) {
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn nexmark_from_kafka_equals_the_file_run_at_one_and_two_workers_and_two_processes() {
+    let broker = KafkaBroker::start();
+    let scratch = Scratch::new("kafka", "nexmark");
+    let dir = &scratch.0;
+    let events = 40_000;
+    let file = events_file(dir, events);
+    generate_to_kafka(&broker, "nexmark", events);
+    let brokers = broker.brokers();
+    let kafka = ["--kafka", &brokers, "--topic", "nexmark", "--to", "latest"];
+    for query in ["q5", "q7", "q8"] {
+        let reference = dir.join(format!("{query}-file.csv"));
+        run_ok(nexmark(query, &["--input", file.to_str().unwrap()], &reference, &["-w", "2"]));
+        let expected = rows_of(&reference);
+        assert!(!expected.is_empty());
+        for workers in ["1", "2"] {
+            let out = dir.join(format!("{query}-kafka-{workers}.csv"));
+            run_ok(nexmark(query, &kafka, &out, &["-w", workers]));
+            assert_eq!(rows_of(&out), expected, "{query} from kafka at -w {workers}");
+        }
+        // Two processes: both read their share of the partitions; process
+        // 0 writes the output.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let hosts = dir.join("hosts");
+        std::fs::write(&hosts, format!("127.0.0.1:{port}\n127.0.0.1:{}\n", port + 1)).unwrap();
+        let out = dir.join(format!("{query}-kafka-n2.csv"));
+        let mut children: Vec<_> = (0..2)
+            .map(|p| {
+                let hosts = hosts.to_str().unwrap();
+                nexmark(query, &kafka, &out, &["-n", "2", "-p", &p.to_string(), "-h", hosts])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for child in children.drain(..) {
+            let out = child.wait_with_output().unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+        assert_eq!(rows_of(&out), expected, "{query} from kafka at -n 2");
+    }
+}
+
+#[test]
+fn a_killed_checkpointed_job_recovers_from_the_offsets_in_its_checkpoint() {
+    let broker = KafkaBroker::start();
+    let scratch = Scratch::new("kafka", "recover");
+    let dir = &scratch.0;
+    let events = 600_000;
+    generate_to_kafka(&broker, "crash", events);
+    let brokers = broker.brokers();
+    let kafka = ["--kafka", &brokers, "--topic", "crash", "--to", "latest"];
+    let reference = dir.join("plain.csv");
+    run_ok(nexmark("q5", &kafka, &reference, &["-w", "2"]));
+    let expected = rows_of(&reference);
+    let output = dir.join("out");
+    let checkpoints = dir.join("ck");
+    let job = |recover: bool| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["nexmark", "-q", "q5"]).args(kafka).arg("--checkpoint-dir").arg(&checkpoints);
+        cmd.args(["--checkpoint-interval", "200ms", "--output-dir"]).arg(&output);
+        if recover {
+            cmd.arg("--recover");
+        }
+        cmd.args(["--", "-w", "2"]).stdout(Stdio::null()).stderr(Stdio::piped());
+        cmd
+    };
+    // Killed once a checkpoint is complete, then recovered.
+    let mut child = job(false).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let parts = || {
+        std::fs::read_dir(&output)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("part-"))
+            .count()
+    };
+    while parts() == 0 {
+        assert!(child.try_wait().unwrap().is_none(), "the job ended before a checkpoint: make it longer");
+        assert!(Instant::now() < deadline, "no part committed within 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let out = job(true).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // A run that started over instead of resuming from the checkpoint's
+    // offsets would commit the first parts' rows twice.
+    let mut rows: Vec<String> = committed_parts(&output).lines().map(str::to_owned).collect();
+    rows.sort();
+    assert_eq!(rows, expected);
+}

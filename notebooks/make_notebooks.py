@@ -10,7 +10,7 @@ def nb(cells):
 # everything again).
 DEPS = '''
 :cache 2000
-:opt 1
+:opt 0
 :dep highwater = { path = "..", default-features = false }
 :dep timely = "0.32"
 :dep serde_json = "1"
@@ -292,7 +292,8 @@ evcxr_figure((640, 300), |root| {
 ## Throughput
 
 q5 on one and two workers, on inputs of growing size. In a notebook the
-code is built with little optimisation (`:opt 1`) and the inputs are small,
+code is built without optimisation (`:opt 0`: it compiles fastest) and the
+inputs are small,
 so these figures are far below the release binary's (BENCHMARKS.md): the
 point is the shape, not the numbers.
 '''),

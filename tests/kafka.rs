@@ -383,3 +383,125 @@ fn a_killed_checkpointed_job_recovers_from_the_offsets_in_its_checkpoint() {
     rows.sort();
     assert_eq!(rows, expected);
 }
+
+/// Every record of `topic` (read `read_committed`, up to its end), as text,
+/// in no particular order.
+fn topic_records(brokers: &str, topic: &str) -> Vec<String> {
+    let out = Collected::default();
+    let into = out.clone();
+    let source = Arc::new(
+        KafkaSource::new(KafkaConfig::new(brokers), [topic], highwater::source::TextDecoder).stop_at(StopAt::Latest),
+    );
+    Job::new(timely::Config::process(1))
+        .run(move |worker| {
+            worker.dataflow(|scope| {
+                let read = FromSource::new(Arc::clone(&source), |_: &String| 0).build(scope).unwrap();
+                collect(&read.events, &into);
+            });
+            Ok::<_, String>(())
+        })
+        .unwrap();
+    out.updates().into_iter().map(|(r, _, _)| r).collect()
+}
+
+#[test]
+fn kafka_to_kafka_at_least_once_writes_the_rows_of_the_file_run() {
+    let broker = KafkaBroker::start();
+    let scratch = Scratch::new("kafka", "sink");
+    let dir = &scratch.0;
+    let events = 40_000;
+    let file = events_file(dir, events);
+    generate_to_kafka(&broker, "events", events);
+    let brokers = broker.brokers();
+    for (query, workers) in [("q5", "2"), ("q7", "1")] {
+        let reference = dir.join(format!("{query}-file.csv"));
+        run_ok(nexmark(query, &["--input", file.to_str().unwrap()], &reference, &["-w", "2"]));
+        let expected = rows_of(&reference);
+        assert!(!expected.is_empty());
+        let topic = format!("{query}-rows");
+        let mut cmd = Command::new(BIN);
+        cmd.args(["nexmark", "-q", query, "--kafka", &brokers, "--topic", "events", "--to", "latest"]).args([
+            "--output-topic",
+            &topic,
+            "--",
+            "-w",
+            workers,
+        ]);
+        run_ok(cmd);
+        let mut rows = topic_records(&brokers, &topic);
+        rows.sort();
+        assert_eq!(rows, expected, "{query} to kafka at -w {workers}");
+    }
+    // --format json: one object per row, the header's names as keys.
+    let mut cmd = Command::new(BIN);
+    cmd.args(["nexmark", "-q", "q7", "--kafka", &brokers, "--topic", "events", "--to", "latest"]).args([
+        "--output-topic",
+        "q7-json",
+        "--format",
+        "json",
+    ]);
+    run_ok(cmd);
+    let reference = rows_of(&dir.join("q7-file.csv"));
+    let header = std::fs::read_to_string(dir.join("q7-file.csv")).unwrap().lines().next().unwrap().to_owned();
+    let names: Vec<&str> = header.split(',').collect();
+    let mut rows: Vec<String> = topic_records(&brokers, "q7-json")
+        .into_iter()
+        .map(|json| {
+            let object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&json).unwrap();
+            names.iter().map(|n| object[*n].as_str().unwrap().to_owned()).collect::<Vec<_>>().join(",")
+        })
+        .collect();
+    rows.sort();
+    assert_eq!(rows, reference);
+}
+
+#[test]
+fn at_least_once_kafka_output_has_every_row_after_a_kill_and_recovery() {
+    let broker = KafkaBroker::start();
+    let scratch = Scratch::new("kafka", "sink-crash");
+    let dir = &scratch.0;
+    let events = 600_000;
+    generate_to_kafka(&broker, "events", events);
+    let brokers = broker.brokers();
+    let kafka = ["--kafka", &brokers, "--topic", "events", "--to", "latest"];
+    let reference = dir.join("plain.csv");
+    run_ok(nexmark("q5", &kafka, &reference, &["-w", "2"]));
+    let expected = rows_of(&reference);
+    let checkpoints = dir.join("ck");
+    let job = |recover: bool| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["nexmark", "-q", "q5"]).args(kafka).arg("--checkpoint-dir").arg(&checkpoints);
+        cmd.args(["--checkpoint-interval", "200ms", "--output-topic", "rows"]);
+        if recover {
+            cmd.arg("--recover");
+        }
+        cmd.args(["--", "-w", "2"]).stdout(Stdio::null()).stderr(Stdio::piped());
+        cmd
+    };
+    let mut child = job(false).spawn().unwrap();
+    // Killed once some rows are out and a checkpoint is complete.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let complete =
+            std::fs::read_dir(&checkpoints).into_iter().flatten().flatten().any(|e| e.path().join("MANIFEST").exists());
+        if complete && !topic_records(&brokers, "rows").is_empty() {
+            break;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the job ended before it was killed: make it longer");
+        assert!(Instant::now() < deadline, "no checkpoint and rows within 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let out = job(true).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut rows = topic_records(&brokers, "rows");
+    rows.sort();
+    let mut distinct = rows.clone();
+    distinct.dedup();
+    // Every row at least once; nothing that is not a row.
+    let mut expected_distinct = expected.clone();
+    expected_distinct.dedup();
+    assert_eq!(distinct, expected_distinct);
+    assert!(rows.len() >= expected.len());
+}

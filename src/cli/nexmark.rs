@@ -16,7 +16,7 @@ use super::progress::{summary, Gauges, Progress};
 use crate::checkpoint::{CheckpointConfig, Checkpoints};
 use crate::dead_letter::DeadLetter;
 use crate::job::{Job, JobError};
-use crate::kafka::{KafkaConfig, KafkaSource};
+use crate::kafka::{create_topic, KafkaConfig, KafkaSink, KafkaSinkMode, KafkaSource, TextEncoder};
 use crate::nexmark::queries::{q10_partition, QueryKind};
 use crate::nexmark::{
     build, Event, Generator, GeneratorConfig, GeneratorSource, NexmarkDecoder, Query, QueryOptions, QueryOutput,
@@ -44,23 +44,35 @@ pub(super) struct NexmarkArgs {
     /// Generate this many events instead of reading a file.
     #[arg(long, short)]
     events: Option<u64>,
-    /// Read the events from Kafka (`HOST:PORT[,HOST:PORT...]`), from the
-    /// partitions of --topic.
-    #[arg(long, value_name = "BROKERS", requires = "topic", conflicts_with_all = ["input", "events"])]
+    /// The Kafka cluster (`HOST:PORT[,HOST:PORT...]`) of --topic and
+    /// --output-topic.
+    #[arg(long, value_name = "BROKERS")]
     kafka: Option<String>,
-    /// --kafka: the topic(s) of Nexmark JSON events.
-    #[arg(long, value_name = "TOPIC", num_args = 1.., requires = "kafka")]
+    /// Read the events from the partitions of these Kafka topics (Nexmark
+    /// JSON, one event per record).
+    #[arg(long, value_name = "TOPIC", num_args = 1.., requires = "kafka", conflicts_with_all = ["input", "events"])]
     topic: Vec<String>,
+    /// Write the rows to this Kafka topic (created with 4 partitions if
+    /// missing): one record per row, CSV without a header (--format json:
+    /// a JSON object per row). At least once: the idempotent producer on
+    /// every worker, flushed before each checkpoint completes; a recovered
+    /// job produces again what followed its checkpoint. An updating query
+    /// writes its changelog, each record with a header `diff` (1 or -1).
+    #[arg(long, value_name = "TOPIC", requires = "kafka", conflicts_with_all = ["output", "output_dir", "output_postgres", "discard"])]
+    output_topic: Option<String>,
+    /// --output-topic: `csv` (the default) or `json`.
+    #[arg(long, default_value = "csv", requires = "output_topic")]
+    format: OutputFormat,
     /// --kafka: where to start without a checkpoint: earliest, latest,
     /// group (the consumer group's committed offsets) or a timestamp in ms.
-    #[arg(long, default_value = "earliest", requires = "kafka")]
+    #[arg(long, default_value = "earliest", requires = "topic")]
     from: crate::kafka::StartFrom,
     /// --kafka: `latest` reads up to the end offsets found at start, then
     /// ends (a bounded run); `never` (the default) follows the topic.
-    #[arg(long, default_value = "never", requires = "kafka")]
+    #[arg(long, default_value = "never", requires = "topic")]
     to: crate::kafka::StopAt,
     /// --kafka: the consumer group.
-    #[arg(long, default_value = crate::kafka::DEFAULT_GROUP, requires = "kafka")]
+    #[arg(long, default_value = crate::kafka::DEFAULT_GROUP, requires = "topic")]
     group: String,
     /// Generator: events per second of event time.
     #[arg(long, default_value_t = 10_000.0)]
@@ -184,6 +196,33 @@ pub(super) struct NexmarkArgs {
     /// Timely arguments: -w THREADS, -n PROCESSES, -p INDEX, -h HOSTFILE.
     #[arg(last = true)]
     timely: Vec<String>,
+}
+
+/// How rows are written to a Kafka topic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(super) enum OutputFormat {
+    /// The CSV row, without a header.
+    Csv,
+    /// A JSON object, the header's names as keys, every value a string.
+    Json,
+}
+
+/// The CSV `row` as a JSON object with `names` as keys.
+fn row_as_json(names: &[&str], row: &str) -> String {
+    let mut object = serde_json::Map::new();
+    match crate::sink::parse_csv_line(row) {
+        Ok(fields) => {
+            for (name, field) in names.iter().zip(fields) {
+                object.insert((*name).to_owned(), serde_json::Value::String(field));
+            }
+        }
+        // Rows are written by the queries: never malformed.
+        Err(e) => {
+            object.insert("row".to_owned(), serde_json::Value::String(row.to_owned()));
+            object.insert("error".to_owned(), serde_json::Value::String(e.to_string()));
+        }
+    }
+    serde_json::Value::Object(object).to_string()
 }
 
 /// Reads q13's side input.
@@ -448,7 +487,7 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
             ..Default::default()
         })?;
         Input::Generator(Arc::new(generator))
-    } else if let Some(brokers) = &args.kafka {
+    } else if let (Some(brokers), false) = (&args.kafka, args.topic.is_empty()) {
         let config = KafkaConfig::new(brokers.clone()).group(args.group.clone());
         Input::Kafka(Arc::new(
             KafkaSource::new(config, args.topic.clone(), NexmarkDecoder).start_from(args.from).stop_at(args.to),
@@ -460,7 +499,7 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     let side_input = args.side_input.as_ref().map(read_side_input).transpose()?.map(Arc::new);
     let query_options = QueryOptions { allowed_lateness: args.allowed_lateness.0, side_input, blackhole: args.discard };
     if checkpointed {
-        if args.output_dir.is_none() && args.output_postgres.is_none() && !args.discard {
+        if args.output_dir.is_none() && args.output_postgres.is_none() && args.output_topic.is_none() && !args.discard {
             tracing::warn!("--checkpoint-dir without --output-dir or --output-postgres: rows written since the last checkpoint are written again after a recovery");
         }
         let (query, options, source_only) = (args.query, query_options.clone(), args.source_only);
@@ -499,6 +538,14 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     let source_only = args.source_only;
     let output_dir = args.output_dir.clone();
     let output_postgres = PostgresOutput::from_args(&args);
+    let output_topic = match (&args.kafka, &args.output_topic) {
+        (Some(brokers), Some(topic)) => {
+            let config = KafkaConfig::new(brokers.clone());
+            create_topic(&config, topic, 4).context("creating the output topic")?;
+            Some((config, topic.clone(), args.format))
+        }
+        _ => None,
+    };
     let (g, s) = (gauges.clone(), Arc::clone(&sinks));
     let report = job.run(move |worker| -> anyhow::Result<()> {
         let probe = ProbeHandle::new();
@@ -530,6 +577,22 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
                         PartFormat::Rows
                     };
                     write_parts(&rows, "Output", dir, Some(header), format)?
+                }
+                _ if output_topic.is_some() => {
+                    let (config, topic, format) = output_topic.clone().expect("matched");
+                    let mode = if out.kind == QueryKind::Updating || query_options.allowed_lateness > 0 {
+                        KafkaSinkMode::Changelog
+                    } else {
+                        KafkaSinkMode::Append
+                    };
+                    let rows = match format {
+                        OutputFormat::Csv => rows.clone(),
+                        OutputFormat::Json => {
+                            let names = out.header;
+                            rows.map(move |row| row_as_json(names, &row))
+                        }
+                    };
+                    KafkaSink::new(config, topic, TextEncoder).mode(mode).write(&rows, "Output")?
                 }
                 _ if output_postgres.is_some() => {
                     let postgres = output_postgres.as_ref().expect("matched");

@@ -1,5 +1,6 @@
 //! Kafka (feature `kafka`): a source over topics' partitions with offsets in
-//! highwater's checkpoints, a producer, and topic creation.
+//! highwater's checkpoints, an at-least-once sink, a producer, and topic
+//! creation.
 //!
 //! The source ([`KafkaSource`]) is a [`Source`](crate::source::Source) like
 //! the others: one partition per Kafka partition, a watermark each, offsets
@@ -12,10 +13,12 @@
 
 mod config;
 mod produce;
+mod sink;
 mod source;
 
 pub use config::{KafkaConfig, StartFrom, StopAt, DEFAULT_GROUP};
 pub use produce::{create_topic, Producer};
+pub use sink::{Encode, EncodeError, JsonEncoder, KafkaSink, KafkaSinkMode, RawEncoder, TextEncoder};
 pub use source::{KafkaReader, KafkaSource, Message, MessageDecode, Stamped, WithTimestamp};
 
 /// An error talking to Kafka outside a source (which reports

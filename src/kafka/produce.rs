@@ -8,6 +8,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError as ClientError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer as _, ProducerContext};
 
 use super::config::KafkaConfig;
@@ -87,7 +88,26 @@ impl Producer {
         key: Option<&[u8]>,
         payload: &[u8],
     ) -> Result<(), KafkaError> {
+        self.send_with(topic, partition, key, payload, &[])
+    }
+
+    /// [`send`](Self::send), with headers.
+    pub fn send_with(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        key: Option<&[u8]>,
+        payload: &[u8],
+        headers: &[(String, Vec<u8>)],
+    ) -> Result<(), KafkaError> {
         let mut record = BaseRecord::<[u8], [u8]>::to(topic).payload(payload);
+        if !headers.is_empty() {
+            let mut owned = OwnedHeaders::new_with_capacity(headers.len());
+            for (name, value) in headers {
+                owned = owned.insert(Header { key: name, value: Some(value) });
+            }
+            record = record.headers(owned);
+        }
         if let Some(p) = partition {
             record = record.partition(p);
         }

@@ -62,3 +62,37 @@ impl<T: DeserializeOwned + 'static> Decode for JsonDecoder<T> {
         serde_json::from_slice(bytes).map_err(|e| DecodeError(e.to_string()))
     }
 }
+
+/// Keeps each raw record's bytes as they are.
+///
+/// ```
+/// use highwater::source::{Decode, RawDecoder};
+/// assert_eq!(RawDecoder.decode(b"\x00\x01"), Ok(vec![0, 1]));
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RawDecoder;
+
+impl Decode for RawDecoder {
+    type Record = Vec<u8>;
+    fn decode(&self, bytes: &[u8]) -> Result<Vec<u8>, DecodeError> {
+        Ok(bytes.to_vec())
+    }
+}
+
+/// Takes each raw record as UTF-8 text (a CSV row, a log line); other bytes
+/// are an error.
+///
+/// ```
+/// use highwater::source::{Decode, TextDecoder};
+/// assert_eq!(TextDecoder.decode(b"1,a"), Ok("1,a".to_owned()));
+/// assert!(TextDecoder.decode(b"\xff").is_err());
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TextDecoder;
+
+impl Decode for TextDecoder {
+    type Record = String;
+    fn decode(&self, bytes: &[u8]) -> Result<String, DecodeError> {
+        String::from_utf8(bytes.to_vec()).map_err(|e| DecodeError(format!("not UTF-8: {e}")))
+    }
+}

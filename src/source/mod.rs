@@ -19,7 +19,7 @@ mod memory;
 mod read;
 pub(crate) use read::run_with_board;
 
-pub use decode::{Decode, DecodeError, JsonDecoder};
+pub use decode::{Decode, DecodeError, JsonDecoder, RawDecoder, TextDecoder};
 pub use file::{JsonLines, JsonLinesReader, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_RECORD_SIZE};
 pub use memory::MemorySource;
 pub use read::{

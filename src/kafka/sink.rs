@@ -1,0 +1,368 @@
+//! The at-least-once Kafka sink: each worker produces its share of a
+//! stream's records with the idempotent producer, and flushes at every
+//! checkpoint before handing in its share of it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use highwater_operators::checkpoint::CheckpointId;
+use highwater_operators::key::Data;
+use highwater_operators::time::watermark_of;
+use highwater_operators::{EventStream, Timestamp, Update};
+use serde::Serialize;
+use timely::dataflow::channels::pact::Pipeline;
+use timely::dataflow::operators::generic::Operator;
+
+use super::config::KafkaConfig;
+use super::produce::Producer;
+use super::KafkaError;
+use crate::checkpoint::{CheckpointError, Checkpoints, SinkCommitter, SinkPart, SinkSubmission};
+use crate::sink::{SinkError, SinkHandle};
+
+/// Why a record could not be encoded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct EncodeError(pub String);
+
+/// Turns a record into the value of a Kafka record.
+pub trait Encode<T>: 'static {
+    /// Appends the encoded `record` to `out`.
+    fn encode(&self, record: &T, out: &mut Vec<u8>) -> Result<(), EncodeError>;
+}
+
+/// Encodes records as JSON (serde).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct JsonEncoder;
+
+impl<T: Serialize> Encode<T> for JsonEncoder {
+    fn encode(&self, record: &T, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+        serde_json::to_writer(out, record).map_err(|e| EncodeError(e.to_string()))
+    }
+}
+
+/// Writes records that are already text (a CSV row, a JSON line) as they
+/// are.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TextEncoder;
+
+impl<T: AsRef<str>> Encode<T> for TextEncoder {
+    fn encode(&self, record: &T, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+        out.extend_from_slice(record.as_ref().as_bytes());
+        Ok(())
+    }
+}
+
+/// Writes records that are bytes as they are.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RawEncoder;
+
+impl<T: AsRef<[u8]>> Encode<T> for RawEncoder {
+    fn encode(&self, record: &T, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+        out.extend_from_slice(record.as_ref());
+        Ok(())
+    }
+}
+
+/// How the sink writes a stream that has retractions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KafkaSinkMode {
+    /// One Kafka record per inserted record, produced as it arrives. A
+    /// retraction cannot be taken back: it is counted in
+    /// [`SinkHandle::unapplied_retractions`]. Right for append-only results.
+    #[default]
+    Append,
+    /// The changelog: once the watermark passes a time, that time's updates
+    /// are consolidated and produced in order, each with a header `diff`
+    /// (`1` for an insertion, `-1` for a retraction).
+    Changelog,
+}
+
+type KeyFn<T> = Box<dyn Fn(&T) -> Option<Vec<u8>>>;
+type HeadersFn<T> = Box<dyn Fn(&T) -> Vec<(String, Vec<u8>)>>;
+
+/// A Kafka sink: where records go and how they are encoded, keyed and
+/// partitioned.
+///
+/// At least once: every record of the stream reaches the topic, through the
+/// idempotent producer (librdkafka's retries never duplicate), but a job
+/// that recovers from a checkpoint produces again what it had produced after
+/// that checkpoint. With checkpoints, the sink flushes before each
+/// checkpoint completes, so that nothing before a checkpoint is lost.
+///
+/// Records are partitioned by their key with librdkafka's partitioner
+/// (`partitioner` in [`KafkaConfig::set`]; `consistent_random` by
+/// default), round-robin when they have none.
+///
+/// ```no_run
+/// use highwater::kafka::{KafkaConfig, KafkaSink, TextEncoder};
+/// use highwater::prelude::*;
+/// use timely::dataflow::operators::ToStream;
+///
+/// timely::execute_directly(|worker| {
+///     worker.dataflow::<u64, _, _>(|scope| {
+///         let alerts = EventStream::new(vec![("card 7 over limit".to_owned(), 1_000u64, 1i64)].to_stream(scope));
+///         KafkaSink::new(KafkaConfig::new("127.0.0.1:9092"), "alerts", TextEncoder)
+///             .key(|alert: &String| Some(alert.split(' ').nth(1).unwrap_or("").as_bytes().to_vec()))
+///             .write(&alerts, "Alerts")
+///             .expect("a producer");
+///     });
+/// });
+/// ```
+pub struct KafkaSink<T, E> {
+    config: KafkaConfig,
+    topic: String,
+    encode: E,
+    key: Option<KeyFn<T>>,
+    headers: Option<HeadersFn<T>>,
+    mode: KafkaSinkMode,
+    flush_timeout: Duration,
+}
+
+impl<T, E> std::fmt::Debug for KafkaSink<T, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSink").field("topic", &self.topic).field("mode", &self.mode).finish_non_exhaustive()
+    }
+}
+
+impl<T: Data, E: Encode<T>> KafkaSink<T, E> {
+    /// A sink to `topic`, its values encoded by `encode`, without keys.
+    pub fn new(config: KafkaConfig, topic: impl Into<String>, encode: E) -> Self {
+        KafkaSink {
+            config,
+            topic: topic.into(),
+            encode,
+            key: None,
+            headers: None,
+            mode: KafkaSinkMode::Append,
+            flush_timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// Each record's key (which picks its partition).
+    pub fn key(mut self, key: impl Fn(&T) -> Option<Vec<u8>> + 'static) -> Self {
+        self.key = Some(Box::new(key));
+        self
+    }
+
+    /// Each record's headers.
+    pub fn headers(mut self, headers: impl Fn(&T) -> Vec<(String, Vec<u8>)> + 'static) -> Self {
+        self.headers = Some(Box::new(headers));
+        self
+    }
+
+    /// How retractions are written.
+    pub fn mode(mut self, mode: KafkaSinkMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// How long a flush (at a checkpoint, at the end) may wait for the
+    /// broker before the sink fails (60 s by default).
+    pub fn flush_timeout(mut self, timeout: Duration) -> Self {
+        self.flush_timeout = timeout;
+        self
+    }
+
+    /// Writes `stream` to the topic, on every worker (each produces the
+    /// records it has). With checkpoints, each worker's share is flushed
+    /// before it hands in its share of a checkpoint.
+    ///
+    /// # Errors
+    /// If the producer cannot be created, or the checkpoints refuse the sink.
+    pub fn write(self, stream: &EventStream<'_, T>, name: &str) -> Result<SinkHandle, KafkaError> {
+        let producer = Producer::new(&self.config)?;
+        let worker = stream.scope().index();
+        let checkpoints = Checkpoints::of(&stream.scope());
+        if let Some(c) = checkpoints.as_ref() {
+            c.register_sink(name, worker, Arc::new(Flushed { topic: self.topic.clone() }))
+                .map_err(|e| KafkaError::Admin(format!("sink {name}: {e}")))?;
+        }
+        let handle = SinkHandle::default();
+        let mut state = SinkState {
+            sink: self,
+            producer,
+            name: name.to_owned(),
+            handle: handle.clone(),
+            pending: BTreeMap::new(),
+            buffer: Vec::new(),
+            failed: false,
+        };
+        let mut done: Option<CheckpointId> = None;
+        let mut finished = false;
+        // After a recovery from a cut at `T`, what travels below `T` is the
+        // replay of restored state, produced before the crash.
+        let replayed_below = checkpoints.as_ref().and_then(|c| c.restored_time()).unwrap_or(0);
+        stream.inner.clone().sink(Pipeline, name, move |(input, frontier)| {
+            input.for_each_stamp(|at, data| {
+                let time = *at.least().expect("highwater messages travel under a capability");
+                for batch in data {
+                    if time < replayed_below {
+                        batch.clear();
+                        continue;
+                    }
+                    if let Err(e) = state.take(batch) {
+                        state.fail(e);
+                    }
+                    batch.clear();
+                }
+            });
+            let watermark = watermark_of(frontier);
+            if let Err(e) = state.release(watermark) {
+                state.fail(e);
+            }
+            if let Some(c) = checkpoints.as_ref() {
+                while let Some(cut) = c.cut_after(done).filter(|cut| cut.time <= watermark) {
+                    // Everything below the cut was produced: make it durable
+                    // before the checkpoint that covers it completes.
+                    if let Err(e) = state.flush() {
+                        state.fail(e);
+                    }
+                    c.submit_sink(worker, cut, SinkSubmission { sink: state.name.clone(), part: None });
+                    done = Some(cut.id);
+                }
+            }
+            if frontier.is_empty() && !std::mem::replace(&mut finished, true) {
+                if let Err(e) = state.flush() {
+                    state.fail(e);
+                }
+            }
+        });
+        Ok(handle)
+    }
+}
+
+/// The sink of one worker.
+struct SinkState<T, E> {
+    sink: KafkaSink<T, E>,
+    producer: Producer,
+    name: String,
+    handle: SinkHandle,
+    /// Changelog mode: updates the watermark has not passed yet.
+    pending: BTreeMap<Timestamp, Vec<(T, i64)>>,
+    buffer: Vec<u8>,
+    failed: bool,
+}
+
+impl<T: Data, E: Encode<T>> SinkState<T, E> {
+    fn error(&self, e: impl std::fmt::Display) -> SinkError {
+        SinkError::Io {
+            what: format!("kafka topic {} (sink {})", self.sink.topic, self.name),
+            source: std::io::Error::other(e.to_string()),
+        }
+    }
+
+    fn fail(&mut self, e: SinkError) {
+        if !std::mem::replace(&mut self.failed, true) {
+            tracing::error!("sink stops: {e}");
+            if let Ok(mut errors) = self.handle.errors.lock() {
+                errors.push(e.to_string());
+            }
+        }
+    }
+
+    fn take(&mut self, batch: &mut Vec<Update<T>>) -> Result<(), SinkError> {
+        if self.failed {
+            return Ok(());
+        }
+        match self.sink.mode {
+            KafkaSinkMode::Append => {
+                for (record, _, diff) in batch.drain(..) {
+                    if diff < 0 {
+                        self.handle.unapplied_retractions.add(diff.unsigned_abs());
+                    }
+                    for _ in 0..diff.max(0) {
+                        self.produce(&record, None)?;
+                    }
+                }
+            }
+            KafkaSinkMode::Changelog => {
+                for (record, time, diff) in batch.drain(..) {
+                    self.pending.entry(time).or_default().push((record, diff));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Changelog mode: produces the updates of the times the watermark passed.
+    fn release(&mut self, watermark: Timestamp) -> Result<(), SinkError> {
+        if self.failed {
+            return Ok(());
+        }
+        while let Some(entry) = self.pending.first_entry() {
+            if *entry.key() >= watermark {
+                break;
+            }
+            let updates = entry.remove();
+            let mut consolidated: BTreeMap<String, (T, i64)> = BTreeMap::new();
+            for (record, diff) in updates {
+                // Records are consolidated by their encoding (`T` need not be `Ord`).
+                let mut bytes = Vec::new();
+                self.sink.encode.encode(&record, &mut bytes).map_err(|e| self.error(e))?;
+                let key = String::from_utf8_lossy(&bytes).into_owned();
+                consolidated.entry(key).or_insert((record, 0)).1 += diff;
+            }
+            for (_, (record, diff)) in consolidated {
+                if diff != 0 {
+                    self.produce(&record, Some(diff))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn produce(&mut self, record: &T, diff: Option<i64>) -> Result<(), SinkError> {
+        self.buffer.clear();
+        self.sink.encode.encode(record, &mut self.buffer).map_err(|e| self.error(e))?;
+        let key = self.sink.key.as_ref().and_then(|k| k(record));
+        let mut headers = self.sink.headers.as_ref().map(|h| h(record)).unwrap_or_default();
+        if let Some(diff) = diff {
+            headers.push(("diff".to_owned(), diff.signum().to_string().into_bytes()));
+        }
+        let copies = diff.map_or(1, i64::unsigned_abs);
+        for _ in 0..copies {
+            self.producer
+                .send_with(&self.sink.topic, None, key.as_deref(), &self.buffer, &headers)
+                .map_err(|e| self.error(e))?;
+            self.handle.lines.add(1);
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), SinkError> {
+        if self.failed {
+            return Ok(());
+        }
+        self.producer.flush(self.sink.flush_timeout).map_err(|e| self.error(e))
+    }
+}
+
+/// The committer of the at-least-once sink: its output is durable when it
+/// hands in its share (it flushed), so there is nothing to prepare, commit
+/// or abort.
+#[derive(Debug)]
+struct Flushed {
+    topic: String,
+}
+
+impl SinkCommitter for Flushed {
+    fn prepare(&self, _id: CheckpointId, _part: Option<(&[u8], u64)>) -> Result<SinkPart, CheckpointError> {
+        Ok(SinkPart {
+            sink: String::new(),
+            kind: "kafka-at-least-once".to_owned(),
+            target: self.topic.clone(),
+            pending: String::new(),
+            committed: String::new(),
+            rows: 0,
+        })
+    }
+
+    fn commit(&self, _part: &SinkPart) -> Result<(), CheckpointError> {
+        Ok(())
+    }
+
+    fn abort_after(&self, _id: CheckpointId) -> Result<(), CheckpointError> {
+        Ok(())
+    }
+}

@@ -46,52 +46,13 @@ use std::sync::{Arc, Mutex};
 
 use crate::checkpoint::{CheckpointConfig, CheckpointError, Checkpoints};
 use crate::cluster::{checkpoint_membership, config_from_args, ClusterError, StartError};
+pub use crate::failures::Failures;
+use crate::failures::FAILURES_KEY;
 use crate::latency::Latency;
 use crate::source::{Alignment, Failing};
 use crate::totals::{Totals, TOTALS_KEY};
 use highwater_operators::checkpoint::CheckpointId;
 use highwater_operators::flow::InFlight;
-
-/// Reports a misuse of the library's API: to the log, and on standard error
-/// too when the program has installed no `tracing` subscriber, so that it is
-/// never silent.
-pub(crate) fn report_misuse(message: &str) {
-    tracing::error!("{message}");
-    if !tracing::dispatcher::has_been_set() {
-        eprintln!("highwater: {message}");
-    }
-}
-
-/// The key under which a job's [`Failures`] sit in the timely worker
-/// configuration.
-const FAILURES_KEY: &str = "highwater::job::failures";
-
-/// The failures of a job's sources, shared by its workers: a source that
-/// fails for good reports here (as well as in its
-/// [`SourceMetrics`](crate::source::SourceMetrics)), and [`Job::run`] stops
-/// the workers then.
-#[derive(Clone, Debug, Default)]
-pub struct Failures(Arc<Mutex<Vec<String>>>);
-
-impl Failures {
-    /// Records a failure.
-    pub fn report(&self, failure: impl Into<String>) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(failure.into());
-    }
-
-    /// The failures of the job that `scope`'s computation runs, if it runs
-    /// as a [`Job`].
-    pub fn of(scope: &timely::dataflow::Scope<'_, crate::Timestamp>) -> Option<Failures> {
-        scope.worker().config().get::<Failures>(FAILURES_KEY).cloned()
-    }
-}
-
-impl Failing for Failures {
-    fn failure(&self) -> Option<String> {
-        let failures = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        (!failures.is_empty()).then(|| failures.join("; "))
-    }
-}
 
 /// Why a job did not run to its end.
 #[derive(Debug, thiserror::Error)]

@@ -18,6 +18,7 @@
 
 #![forbid(missing_docs)]
 
+mod abort;
 mod board;
 pub mod cdc;
 pub mod cep;
@@ -27,6 +28,7 @@ pub mod cli;
 pub mod cluster;
 pub mod dead_letter;
 pub mod enrich;
+mod failures;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod job;

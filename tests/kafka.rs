@@ -284,6 +284,53 @@ fn nexmark(query: &str, input: &[&str], output: &Path, timely: &[&str]) -> Comma
     cmd
 }
 
+/// Runs the two processes of a job (`command(process, hostfile)`) to
+/// completion; if one fails, kills the other and reports both.
+fn run_two_processes(dir: &Path, command: impl Fn(usize, &str) -> Command) {
+    // Two ports free at the same time.
+    let listeners: Vec<_> = (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    let ports: Vec<u16> = listeners.iter().map(|l| l.local_addr().unwrap().port()).collect();
+    drop(listeners);
+    let hosts = dir.join("hosts");
+    std::fs::write(&hosts, format!("127.0.0.1:{}\n127.0.0.1:{}\n", ports[0], ports[1])).unwrap();
+    let logs: Vec<_> = (0..2).map(|p| dir.join(format!("process-{p}.log"))).collect();
+    let mut children: Vec<_> = (0..2)
+        .map(|p| {
+            command(p, hosts.to_str().unwrap())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&logs[p]).unwrap())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let report = |children: &mut Vec<std::process::Child>, why: &str| -> ! {
+        for child in children.iter_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let logs: Vec<String> = logs.iter().map(|l| std::fs::read_to_string(l).unwrap_or_default()).collect();
+        panic!("{why}\nprocess 0: {}\nprocess 1: {}", logs[0], logs[1]);
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut done = [false, false];
+    while !done.iter().all(|d| *d) {
+        for p in 0..2 {
+            if !done[p] {
+                if let Some(status) = children[p].try_wait().unwrap() {
+                    if !status.success() {
+                        report(&mut children, &format!("process {p} failed: {status}"));
+                    }
+                    done[p] = true;
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            report(&mut children, "the processes did not finish within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn run_ok(mut cmd: Command) {
     let out = cmd.output().unwrap();
     assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -311,24 +358,10 @@ fn nexmark_from_kafka_equals_the_file_run_at_one_and_two_workers_and_two_process
         }
         // Two processes: both read their share of the partitions; process
         // 0 writes the output.
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let hosts = dir.join("hosts");
-        std::fs::write(&hosts, format!("127.0.0.1:{port}\n127.0.0.1:{}\n", port + 1)).unwrap();
         let out = dir.join(format!("{query}-kafka-n2.csv"));
-        let mut children: Vec<_> = (0..2)
-            .map(|p| {
-                let hosts = hosts.to_str().unwrap();
-                nexmark(query, &kafka, &out, &["-n", "2", "-p", &p.to_string(), "-h", hosts])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        for child in children.drain(..) {
-            let out = child.wait_with_output().unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        }
+        run_two_processes(dir, |p, hosts| {
+            nexmark(query, &kafka, &out, &["-n", "2", "-p", &p.to_string(), "-h", hosts])
+        });
         assert_eq!(rows_of(&out), expected, "{query} from kafka at -n 2");
     }
 }
@@ -504,4 +537,97 @@ fn at_least_once_kafka_output_has_every_row_after_a_kill_and_recovery() {
     expected_distinct.dedup();
     assert_eq!(distinct, expected_distinct);
     assert!(rows.len() >= expected.len());
+}
+
+/// How many records of `topic` a consumer of `group` has still to read
+/// (from the group's committed offsets to the end).
+fn group_remaining(brokers: &str, topic: &str, group: &str) -> usize {
+    let config = KafkaConfig::new(brokers).group(group);
+    let source = Arc::new(
+        KafkaSource::new(config, [topic], highwater::source::RawDecoder)
+            .start_from(StartFrom::Group)
+            .stop_at(StopAt::Latest),
+    );
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&count);
+    Job::new(timely::Config::process(1))
+        .run(move |worker| {
+            let counted = Arc::clone(&counted);
+            worker.dataflow(|scope| {
+                let read = FromSource::new(Arc::clone(&source), |_: &Vec<u8>| 0).build(scope).unwrap();
+                read.events.inspect(move |_| {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                });
+            });
+            Ok::<_, String>(())
+        })
+        .unwrap();
+    count.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[test]
+fn the_group_offsets_are_committed_only_when_a_checkpoint_covering_them_has_committed() {
+    let broker = KafkaBroker::start();
+    let scratch = Scratch::new("kafka", "commit");
+    let dir = &scratch.0;
+    let events = 600_000;
+    generate_to_kafka(&broker, "events", events);
+    let brokers = broker.brokers();
+    let run = |group: &str, checkpoints: Option<&Path>, recover: bool| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["nexmark", "-q", "q5", "--kafka", &brokers, "--topic", "events", "--to", "latest"]);
+        cmd.args(["--group", group, "--from", "group"]);
+        match checkpoints {
+            Some(ck) => {
+                cmd.arg("--checkpoint-dir").arg(ck).args(["--checkpoint-interval", "200ms", "--output-dir"]);
+                cmd.arg(dir.join(format!("out-{group}")));
+                if recover {
+                    cmd.arg("--recover");
+                }
+            }
+            None => {
+                cmd.arg("--discard");
+            }
+        }
+        cmd.args(["--", "-w", "2"]).stdout(Stdio::null()).stderr(Stdio::piped());
+        cmd
+    };
+    // Without checkpoints nothing is committed.
+    run_ok(run("plain", None, false));
+    assert_eq!(group_remaining(&brokers, "events", "plain"), events as usize);
+
+    // Killed mid-run: the group's offsets are at most the latest
+    // checkpoint's (never ahead of what a recovery would read again).
+    let checkpoints = dir.join("ck");
+    let mut child = run("checked", Some(&checkpoints), false).spawn().unwrap();
+    let store = highwater::checkpoint::open_store(checkpoints.to_str().unwrap()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_dir(&checkpoints)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().join("MANIFEST").exists())
+        .count()
+        < 3
+    {
+        assert!(child.try_wait().unwrap().is_none(), "the job ended before it was killed: make it longer");
+        assert!(Instant::now() < deadline, "no checkpoints within 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let (manifest, _) = highwater::checkpoint::latest_usable(&*store).unwrap().expect("a complete checkpoint");
+    let checkpointed: u64 = manifest.sources.values().flatten().filter_map(|p| p.offset).sum();
+    let remaining = group_remaining(&brokers, "events", "checked") as u64;
+    assert!(
+        events - remaining <= checkpointed,
+        "the group committed {} records, the checkpoint covers {checkpointed}",
+        events - remaining
+    );
+    assert!(remaining < events, "no offsets were committed after {} checkpoints", manifest.id);
+
+    // Recovered and run to the end: every offset is committed.
+    let out = run("checked", Some(&checkpoints), true).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(group_remaining(&brokers, "events", "checked"), 0);
 }

@@ -75,7 +75,8 @@ use std::time::Duration;
 
 pub use cluster::Membership;
 pub use coordinator::{
-    check, latest_usable, probe, Checkpoints, DataflowProbe, SinkCommitter, SinkSubmission, WorkerStore,
+    check, latest_usable, probe, Checkpoints, DataflowProbe, SinkCommitter, SinkSubmission, SourceCommitter,
+    WorkerStore,
 };
 pub use manifest::{FileInfo, Manifest, PartitionState, ShardInfo, SinkPart, FORMAT_VERSION};
 pub use store::{open_store, CheckpointStore, LocalStore};

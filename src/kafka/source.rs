@@ -1,10 +1,10 @@
 //! The Kafka source: one partition of the source per partition of its
 //! topics, each read by its own consumer from an offset of its own.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError as ClientError;
 use rdkafka::message::Message as _;
 use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
@@ -111,6 +111,11 @@ where
 /// Records that fail to decode become dead letters (origin
 /// `kafka:topic/partition`, the Kafka offset).
 ///
+/// In a checkpointed job the consumer group's offsets are committed to
+/// Kafka once a checkpoint that covers them has committed (the source's
+/// commit step, [`Source::acknowledge`]), never earlier; without
+/// checkpoints they are never committed.
+///
 /// ```no_run
 /// use highwater::kafka::{KafkaConfig, KafkaSource, StopAt};
 /// use highwater::prelude::*;
@@ -120,7 +125,6 @@ where
 ///     .stop_at(StopAt::Latest);
 /// # let _ = source;
 /// ```
-#[derive(Debug)]
 pub struct KafkaSource<M> {
     config: KafkaConfig,
     topics: Vec<String>,
@@ -128,6 +132,8 @@ pub struct KafkaSource<M> {
     stop: StopAt,
     decode: Arc<M>,
     partitions: OnceLock<Vec<(String, i32)>>,
+    /// The consumer that commits the group's offsets (the commit step).
+    committer: Mutex<Option<BaseConsumer>>,
 }
 
 /// librdkafka settings of a source's consumers (the user's properties go
@@ -142,6 +148,17 @@ const CONSUMER_DEFAULTS: &[(&str, &str)] = &[
     ("fetch.wait.max.ms", "10"),
 ];
 
+impl<M> std::fmt::Debug for KafkaSource<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSource")
+            .field("brokers", &self.config.brokers)
+            .field("topics", &self.topics)
+            .field("start", &self.start)
+            .field("stop", &self.stop)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<M: MessageDecode> KafkaSource<M> {
     /// A source over every partition of `topics`, decoded by `decode`,
     /// from the earliest offsets, never ending.
@@ -153,6 +170,7 @@ impl<M: MessageDecode> KafkaSource<M> {
             stop: StopAt::Never,
             decode: Arc::new(decode),
             partitions: OnceLock::new(),
+            committer: Mutex::new(None),
         }
     }
 
@@ -254,6 +272,27 @@ impl<M: MessageDecode> Source for KafkaSource<M> {
 
     fn partitions(&self) -> Result<Vec<String>, SourceError> {
         Ok(self.topic_partitions()?.iter().map(|(t, p)| format!("{t}/{p}")).collect())
+    }
+
+    /// Commits the consumer group's offsets for the partitions a committed
+    /// checkpoint covers (Flink's `notifyCheckpointComplete`): the group's
+    /// lag shows what the job has made durable, never more.
+    fn acknowledge(&self, offsets: &[(usize, Offset)]) -> Result<(), SourceError> {
+        let partitions = self.topic_partitions()?;
+        let mut tpl = TopicPartitionList::new();
+        for (index, offset) in offsets {
+            let Some((topic, partition)) = partitions.get(*index) else { continue };
+            tpl.add_partition_offset(topic, *partition, KafkaOffset::Offset(*offset as i64))
+                .map_err(|e| self.unavailable("committing offsets", e))?;
+        }
+        let mut committer = self.committer.lock().unwrap_or_else(|p| p.into_inner());
+        if committer.is_none() {
+            *committer = Some(self.consumer()?);
+        }
+        let consumer = committer.as_ref().expect("created above");
+        consumer
+            .commit(&tpl, CommitMode::Sync)
+            .map_err(|e| self.unavailable(&format!("committing group {}'s offsets", self.config.group), e))
     }
 
     fn open(&self, index: usize, from: Option<Offset>) -> Result<KafkaReader<M>, SourceError> {

@@ -108,6 +108,20 @@ pub trait Source: Send + Sync + 'static {
     fn concurrent_partitions(&self) -> usize {
         usize::MAX
     }
+
+    /// The commit step: a checkpoint that covers the records before
+    /// `offsets` (partition index, offset) has committed (its manifest is
+    /// written, its sinks committed), so no recovery reads them again, and
+    /// the source may acknowledge them upstream (Kafka commits its consumer
+    /// group's offsets, so that lag tools see real progress). Never called
+    /// earlier, nor without checkpoints; called in checkpoint order, in the
+    /// process whose workers read those partitions (a failure is logged and
+    /// the next checkpoint acknowledges again). By default nothing is
+    /// acknowledged.
+    fn acknowledge(&self, offsets: &[(usize, Offset)]) -> Result<(), SourceError> {
+        let _ = offsets;
+        Ok(())
+    }
 }
 
 /// Reads one partition.

@@ -28,6 +28,7 @@ use super::manifest::{Manifest, PartitionState};
 use super::store::{open_store, CheckpointStore};
 use super::{CheckpointConfig, CheckpointError};
 
+mod acknowledge;
 mod local;
 mod members;
 mod phase;
@@ -39,6 +40,8 @@ mod sink;
 mod tests;
 mod writer;
 
+pub use acknowledge::SourceCommitter;
+use acknowledge::{Acknowledgements, Committing};
 use phase::{Effect, Job, Layout, Phase, Share, State};
 pub use probe::{probe, DataflowProbe};
 use restore::RestoredState;
@@ -77,7 +80,13 @@ struct Inner {
     stop: AtomicBool,
     /// Given when a process is gone before the workers started, so that the
     /// processes' connection gives up (see [`Checkpoints::startup_abort`]).
-    startup: crate::cluster::Abort,
+    startup: crate::abort::Abort,
+    /// The sources' commit step: their committers and positions per cut.
+    acks: Mutex<Acknowledgements>,
+    committing: Committing,
+    /// The latest checkpoint written (0: none), and the latest acknowledged.
+    committed: AtomicU64,
+    acked: AtomicU64,
 }
 
 /// Callbacks that schedule operators, called when cuts begin or are abandoned.
@@ -112,13 +121,13 @@ impl std::ops::Deref for Handle {
 impl Drop for Handle {
     fn drop(&mut self) {
         if !self.0.stop.load(Ordering::Relaxed) {
-            crate::job::report_misuse(
+            crate::failures::report_misuse(
                 "the job's checkpoints were dropped without Checkpoints::finish(): finishing them now \
                  (call finish() once the workers have ended to know whether the final checkpoint was written, \
                  or run the job with highwater::Job)",
             );
             if let Err(e) = self.0.finish() {
-                crate::job::report_misuse(&format!("checkpointing: {e}"));
+                crate::failures::report_misuse(&format!("checkpointing: {e}"));
             }
         }
     }
@@ -195,7 +204,11 @@ impl Checkpoints {
             remote: (!joined.readers.is_empty()).then_some(tx),
             threads: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
-            startup: crate::cluster::Abort::new(),
+            startup: crate::abort::Abort::new(),
+            acks: Mutex::new(Acknowledgements::default()),
+            committing: Committing::default(),
+            committed: AtomicU64::new(0),
+            acked: AtomicU64::new(0),
         });
         let spawn = |name: String, what: &str, run: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -224,7 +237,7 @@ impl Checkpoints {
     /// The signal that gives up the processes' connection when a process is
     /// gone before the job started: pass it to
     /// [`cluster::execute_abortable`](crate::cluster::execute_abortable).
-    pub fn startup_abort(&self) -> crate::cluster::Abort {
+    pub fn startup_abort(&self) -> crate::abort::Abort {
         self.0.startup.clone()
     }
 
@@ -383,6 +396,7 @@ impl Checkpoints {
 
     /// A source's partitions at `cut`.
     pub fn submit_source(&self, source: &str, cut: Cut, partitions: Vec<PartitionState>) {
+        self.0.acks.lock().unwrap_or_else(|p| p.into_inner()).handed_in(cut.id, source, &partitions);
         self.hand_in(cut, Share::Source { source: source.to_owned(), partitions });
     }
 
@@ -417,6 +431,21 @@ impl Checkpoints {
         let mut state = lock(&self.0.state);
         // An error has failed the checkpointing, which `finish` reports.
         let _ = self.0.step(&mut state, |phase, job| phase.hand_in(cut.id, share, job));
+    }
+
+    /// `source` acknowledges upstream through `committer` what each
+    /// committed checkpoint covers (the source's commit step; registered by
+    /// the source operator, once per process).
+    pub fn register_source_committer(&self, source: &str, committer: Arc<dyn SourceCommitter>) {
+        self.0.acks.lock().unwrap_or_else(|p| p.into_inner()).register(source, committer);
+    }
+
+    /// Runs the sources' commit step for the checkpoints committed since the
+    /// last call (in checkpoint order; a call while another runs it leaves
+    /// the work to that one). Source operators call it as they run; the
+    /// final checkpoint's is run by [`finish`](Self::finish).
+    pub fn acknowledge(&self) {
+        self.0.acknowledge(false);
     }
 
     /// Checkpoints written by this run so far.
@@ -457,11 +486,40 @@ impl Inner {
         for t in threads {
             let _ = t.join();
         }
+        self.acknowledge(true);
         let state = lock(&self.state);
         match &state.phase {
             Phase::Failed(error) => Err(CheckpointError::Failed(error.clone())),
             phase => Ok(matches!(phase, Phase::Finished)),
         }
+    }
+
+    /// See [`Checkpoints::acknowledge`]; with `wait`, waits for a call in
+    /// progress instead of leaving the work to it.
+    fn acknowledge(&self, wait: bool) {
+        let committed = self.committed.load(Ordering::Acquire);
+        if committed <= self.acked.load(Ordering::Acquire) {
+            return;
+        }
+        let _guard = if wait {
+            self.committing.0.lock().unwrap_or_else(|p| p.into_inner())
+        } else {
+            match self.committing.0.try_lock() {
+                Ok(guard) => guard,
+                Err(_) => return,
+            }
+        };
+        let due = self.acks.lock().unwrap_or_else(|p| p.into_inner()).due(committed);
+        for (committer, id, partitions) in due {
+            if let Err(e) = committer.commit(id, &partitions) {
+                tracing::warn!(
+                    checkpoint = id,
+                    "a source could not acknowledge upstream what the checkpoint covers: {e} \
+                     (the next checkpoint acknowledges again)"
+                );
+            }
+        }
+        self.acked.fetch_max(committed, Ordering::Release);
     }
 
     /// Takes the state through `transition` and carries out what it asks;
@@ -505,6 +563,9 @@ impl Inner {
                     }
                     Effect::Begun(cut) => self.latest.store(cut.id + 1, Ordering::Release),
                     Effect::Wake => {
+                        if let Some(id) = state.job.written.last() {
+                            self.committed.fetch_max(*id, Ordering::Release);
+                        }
                         self.changed.notify_all();
                         for waker in self.wakers.0.lock().unwrap_or_else(|p| p.into_inner()).iter() {
                             waker();

@@ -118,5 +118,7 @@ impl<R: PartitionReader> SourceCuts<R> {
                 open.iter_mut().chain(queue.iter_mut()).for_each(|p| p.trim(cut.time));
             }
         }
+        // The commit step of the checkpoints committed since.
+        self.checkpoints.acknowledge();
     }
 }

@@ -38,7 +38,7 @@ use timely::dataflow::operators::generic::{OutputBuilder, OutputBuilderSession};
 use timely::dataflow::operators::Capability;
 use timely::dataflow::{ProbeHandle, Scope};
 
-use super::{PartitionReader, Source, SourceError};
+use super::{Offset, PartitionReader, Source, SourceError};
 use crate::checkpoint::Checkpoints;
 use crate::dead_letter::DeadLetter;
 use crate::time::PartitionWatermark;
@@ -169,6 +169,9 @@ where
         queue.push_back(Partition::new(i, source.open(i, from)?, watermark, from));
     }
     tracing::debug!(source = %options.name, worker = index, partitions = queue.len(), "opened source partitions");
+    if let Some(c) = checkpoints.as_ref() {
+        c.register_source_committer(&options.name, Arc::new(Acknowledging(Arc::clone(&source))));
+    }
     let cuts = checkpoints.map(|c| SourceCuts::<S::Reader>::new(c, &options.name, index));
     // Paced: this worker's share of the rate, by its share of the partitions.
     let pacer = options
@@ -206,7 +209,7 @@ where
         queue,
         open: Vec::new(),
         cuts,
-        failures: crate::job::Failures::of(&scope),
+        failures: crate::failures::Failures::of(&scope),
         checked_built: false,
         updates: Vec::new(),
         dead_letters: Vec::new(),
@@ -310,7 +313,7 @@ struct Reading<S: Source, TF> {
     /// With checkpoints.
     cuts: Option<SourceCuts<S::Reader>>,
     /// The failures of the job, if it runs as a [`crate::Job`].
-    failures: Option<crate::job::Failures>,
+    failures: Option<crate::failures::Failures>,
     /// Whether the first activation checked that the worker's dataflows were
     /// declared built.
     checked_built: bool,
@@ -359,7 +362,7 @@ where
                  the worker's dataflows are built, before they run (or run the job with highwater::Job)",
                 self.options.name, self.index
             );
-            crate::job::report_misuse(&error);
+            crate::failures::report_misuse(&error);
             self.fail(error);
         }
     }
@@ -607,5 +610,28 @@ where
         if let Some(cuts) = self.cuts.as_mut() {
             cuts.report(Some((*held.time(), (&mut self.open, &mut self.queue))));
         }
+    }
+}
+
+/// A source's commit step, as the checkpoints call it.
+struct Acknowledging<S>(Arc<S>);
+
+impl<S> std::fmt::Debug for Acknowledging<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Acknowledging<{}>", std::any::type_name::<S>())
+    }
+}
+
+impl<S: Source> crate::checkpoint::SourceCommitter for Acknowledging<S> {
+    fn commit(
+        &self,
+        _id: highwater_operators::checkpoint::CheckpointId,
+        partitions: &[crate::checkpoint::PartitionState],
+    ) -> Result<(), String> {
+        let offsets: Vec<(usize, Offset)> = partitions.iter().filter_map(|p| Some((p.partition, p.offset?))).collect();
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        self.0.acknowledge(&offsets).map_err(|e| e.to_string())
     }
 }

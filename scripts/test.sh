@@ -96,8 +96,10 @@ user_dir=$(mktemp -d)
 cargo run --manifest-path tests/user-crate/Cargo.toml --locked --target-dir "${CARGO_TARGET_DIR:-$PWD/target}" \
     -- "$user_dir" -w 2
 rm -rf "$user_dir"
+# In the release profile, so that the C build of librdkafka (kafka) is the
+# one the tests made, not a second one.
 for feature in postgres s3 kafka; do
-    cargo check --lib --no-default-features --features "$feature"
+    cargo check --release --lib --no-default-features --features "$feature"
 done
 
 # The notebooks, executed headless in the evcxr kernel (installs Jupyter

@@ -331,6 +331,29 @@ fn run_two_processes(dir: &Path, command: impl Fn(usize, &str) -> Command) {
     }
 }
 
+/// Waits (at most 60 s) until `ready` holds while `child` runs, then kills
+/// it with SIGKILL; the job must not end first.
+fn kill_when(child: &mut std::process::Child, what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready() {
+        assert!(child.try_wait().unwrap().is_none(), "the job ended before {what}: make it longer");
+        assert!(Instant::now() < deadline, "not {what} within 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+}
+
+/// How many checkpoints in the directory `checkpoints` are complete.
+fn complete_checkpoints(checkpoints: &Path) -> usize {
+    std::fs::read_dir(checkpoints)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().join("MANIFEST").exists())
+        .count()
+}
+
 fn run_ok(mut cmd: Command) {
     let out = cmd.output().unwrap();
     assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -392,7 +415,6 @@ fn a_killed_checkpointed_job_recovers_from_the_offsets_in_its_checkpoint() {
     };
     // Killed once a checkpoint is complete, then recovered.
     let mut child = job(false).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
     let parts = || {
         std::fs::read_dir(&output)
             .into_iter()
@@ -401,13 +423,7 @@ fn a_killed_checkpointed_job_recovers_from_the_offsets_in_its_checkpoint() {
             .filter(|e| e.file_name().to_string_lossy().starts_with("part-"))
             .count()
     };
-    while parts() == 0 {
-        assert!(child.try_wait().unwrap().is_none(), "the job ended before a checkpoint: make it longer");
-        assert!(Instant::now() < deadline, "no part committed within 60 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
+    kill_when(&mut child, "a part was committed", || parts() > 0);
     let out = job(true).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // A run that started over instead of resuming from the checkpoint's
@@ -513,19 +529,9 @@ fn at_least_once_kafka_output_has_every_row_after_a_kill_and_recovery() {
     };
     let mut child = job(false).spawn().unwrap();
     // Killed once some rows are out and a checkpoint is complete.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let complete =
-            std::fs::read_dir(&checkpoints).into_iter().flatten().flatten().any(|e| e.path().join("MANIFEST").exists());
-        if complete && !topic_records(&brokers, "rows").is_empty() {
-            break;
-        }
-        assert!(child.try_wait().unwrap().is_none(), "the job ended before it was killed: make it longer");
-        assert!(Instant::now() < deadline, "no checkpoint and rows within 60 s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
+    kill_when(&mut child, "a checkpoint and rows", || {
+        complete_checkpoints(&checkpoints) > 0 && !topic_records(&brokers, "rows").is_empty()
+    });
     let out = job(true).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let mut rows = topic_records(&brokers, "rows");
@@ -601,21 +607,7 @@ fn the_group_offsets_are_committed_only_when_a_checkpoint_covering_them_has_comm
     let checkpoints = dir.join("ck");
     let mut child = run("checked", Some(&checkpoints), false).spawn().unwrap();
     let store = highwater::checkpoint::open_store(checkpoints.to_str().unwrap()).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while std::fs::read_dir(&checkpoints)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.path().join("MANIFEST").exists())
-        .count()
-        < 3
-    {
-        assert!(child.try_wait().unwrap().is_none(), "the job ended before it was killed: make it longer");
-        assert!(Instant::now() < deadline, "no checkpoints within 60 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
+    kill_when(&mut child, "three checkpoints", || complete_checkpoints(&checkpoints) >= 3);
     let (manifest, _) = highwater::checkpoint::latest_usable(&*store).unwrap().expect("a complete checkpoint");
     let checkpointed: u64 = manifest.sources.values().flatten().filter_map(|p| p.offset).sum();
     let remaining = group_remaining(&brokers, "events", "checked") as u64;

@@ -254,10 +254,7 @@ impl<T: Data, E: Encode<T>> SinkState<T, E> {
 
     fn fail(&mut self, e: SinkError) {
         if !std::mem::replace(&mut self.failed, true) {
-            tracing::error!("sink stops: {e}");
-            if let Ok(mut errors) = self.handle.errors.lock() {
-                errors.push(e.to_string());
-            }
+            self.handle.fail(e);
         }
     }
 
@@ -272,7 +269,7 @@ impl<T: Data, E: Encode<T>> SinkState<T, E> {
                         self.handle.unapplied_retractions.add(diff.unsigned_abs());
                     }
                     for _ in 0..diff.max(0) {
-                        self.produce(&record, None)?;
+                        self.produce(&record)?;
                     }
                 }
             }
@@ -295,26 +292,36 @@ impl<T: Data, E: Encode<T>> SinkState<T, E> {
                 break;
             }
             let updates = entry.remove();
-            let mut consolidated: BTreeMap<String, (T, i64)> = BTreeMap::new();
+            // Records are consolidated by their encoding (`T` need not be `Ord`).
+            let mut consolidated: BTreeMap<Vec<u8>, (T, i64)> = BTreeMap::new();
             for (record, diff) in updates {
-                // Records are consolidated by their encoding (`T` need not be `Ord`).
                 let mut bytes = Vec::new();
                 self.sink.encode.encode(&record, &mut bytes).map_err(|e| self.error(e))?;
-                let key = String::from_utf8_lossy(&bytes).into_owned();
-                consolidated.entry(key).or_insert((record, 0)).1 += diff;
+                consolidated.entry(bytes).or_insert((record, 0)).1 += diff;
             }
-            for (_, (record, diff)) in consolidated {
+            for (bytes, (record, diff)) in consolidated {
                 if diff != 0 {
-                    self.produce(&record, Some(diff))?;
+                    self.send(&record, &bytes, Some(diff))?;
                 }
             }
         }
         Ok(())
     }
 
-    fn produce(&mut self, record: &T, diff: Option<i64>) -> Result<(), SinkError> {
-        self.buffer.clear();
-        self.sink.encode.encode(record, &mut self.buffer).map_err(|e| self.error(e))?;
+    fn produce(&mut self, record: &T) -> Result<(), SinkError> {
+        let mut buffer = std::mem::take(&mut self.buffer);
+        buffer.clear();
+        let sent = match self.sink.encode.encode(record, &mut buffer) {
+            Ok(()) => self.send(record, &buffer, None),
+            Err(e) => Err(self.error(e)),
+        };
+        self.buffer = buffer;
+        sent
+    }
+
+    /// Sends `record`, encoded as `value` (`diff` copies of it, with a
+    /// `diff` header, in changelog mode).
+    fn send(&mut self, record: &T, value: &[u8], diff: Option<i64>) -> Result<(), SinkError> {
         let key = self.sink.key.as_ref().and_then(|k| k(record));
         let mut headers = self.sink.headers.as_ref().map(|h| h(record)).unwrap_or_default();
         if let Some(diff) = diff {
@@ -323,7 +330,7 @@ impl<T: Data, E: Encode<T>> SinkState<T, E> {
         let copies = diff.map_or(1, i64::unsigned_abs);
         for _ in 0..copies {
             self.producer
-                .send_with(&self.sink.topic, None, key.as_deref(), &self.buffer, &headers)
+                .send_with(&self.sink.topic, None, key.as_deref(), value, &headers)
                 .map_err(|e| self.error(e))?;
             self.handle.lines.add(1);
         }

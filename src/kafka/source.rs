@@ -231,11 +231,15 @@ impl<M: MessageDecode> KafkaSource<M> {
 
     /// The offset to start partition `partition` of `topic` at, without a
     /// checkpoint's.
-    fn start_offset(&self, consumer: &BaseConsumer, topic: &str, partition: i32) -> Result<i64, SourceError> {
+    /// `(low, high)` are the partition's first and end offsets.
+    fn start_offset(
+        &self,
+        consumer: &BaseConsumer,
+        topic: &str,
+        partition: i32,
+        (low, high): (i64, i64),
+    ) -> Result<i64, SourceError> {
         let timeout = self.config.timeout;
-        let (low, high) = consumer
-            .fetch_watermarks(topic, partition, timeout)
-            .map_err(|e| self.unavailable(&format!("offsets of {topic}/{partition}"), e))?;
         Ok(match self.start {
             StartFrom::Earliest => low,
             StartFrom::Latest => high,
@@ -302,18 +306,24 @@ impl<M: MessageDecode> Source for KafkaSource<M> {
             .cloned()
             .ok_or_else(|| SourceError::Config(format!("kafka source has no partition {index}")))?;
         let consumer = self.consumer()?;
-        let next = match from {
-            Some(o) => o as i64,
-            None => self.start_offset(&consumer, &topic, partition)?,
-        };
-        let end = match self.stop {
-            StopAt::Never => None,
-            StopAt::Latest => Some(
+        // The partition's first and end offsets, when a start or the stop needs them.
+        let bounds = if from.is_none() || self.stop == StopAt::Latest {
+            Some(
                 consumer
                     .fetch_watermarks(&topic, partition, self.config.timeout)
-                    .map_err(|e| self.unavailable(&format!("offsets of {topic}/{partition}"), e))?
-                    .1,
-            ),
+                    .map_err(|e| self.unavailable(&format!("offsets of {topic}/{partition}"), e))?,
+            )
+        } else {
+            None
+        };
+        let next = match (from, bounds) {
+            (Some(o), _) => o as i64,
+            (None, Some(bounds)) => self.start_offset(&consumer, &topic, partition, bounds)?,
+            (None, None) => unreachable!("fetched above when there is no offset"),
+        };
+        let end = match (self.stop, bounds) {
+            (StopAt::Latest, Some((_, high))) => Some(high),
+            _ => None,
         };
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&topic, partition, KafkaOffset::Offset(next))

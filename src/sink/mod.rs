@@ -97,7 +97,7 @@ impl SinkHandle {
         self.errors.lock().map(|e| e.clone()).unwrap_or_default()
     }
 
-    fn fail(&self, e: SinkError) {
+    pub(crate) fn fail(&self, e: SinkError) {
         tracing::error!("sink stops: {e}");
         if let Ok(mut errors) = self.errors.lock() {
             errors.push(e.to_string());

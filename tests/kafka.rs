@@ -389,6 +389,45 @@ fn nexmark_from_kafka_equals_the_file_run_at_one_and_two_workers_and_two_process
     }
 }
 
+/// The test broker answers a fetch with the whole rest of the partition,
+/// whatever the fetch limits: a partition above librdkafka's default
+/// response limit (100 MB) was never read (the response dropped, fetched
+/// again, forever).
+#[test]
+fn a_partition_larger_than_a_fetch_response_limit_is_read_to_its_end() {
+    let broker = KafkaBroker::start();
+    let scratch = Scratch::new("kafka", "large");
+    let dir = &scratch.0;
+    let events = 420_000;
+    let file = events_file(dir, events);
+    create_topic(&KafkaConfig::new(broker.brokers()), "large", 1).unwrap();
+    let out = Command::new(BIN)
+        .args(["generate", "--events", &events.to_string(), "--kafka", &broker.brokers(), "--topic", "large"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let size = std::fs::metadata(&file).unwrap().len();
+    assert!(size > 105_000_000, "the partition holds {size} bytes: not above the 100 MB limit");
+    let reference = dir.join("q1-file.csv");
+    run_ok(nexmark("q1", &["--input", file.to_str().unwrap()], &reference, &["-w", "1"]));
+    let brokers = broker.brokers();
+    let kafka = ["--kafka", brokers.as_str(), "--topic", "large", "--to", "latest"];
+    let from_kafka = dir.join("q1-kafka.csv");
+    let mut cmd = nexmark("q1", &kafka, &from_kafka, &["-w", "1"]);
+    let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the job did not read the large partition to its end in 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(rows_of(&from_kafka), rows_of(&reference));
+}
+
 #[test]
 fn a_killed_checkpointed_job_recovers_from_the_offsets_in_its_checkpoint() {
     let broker = KafkaBroker::start();

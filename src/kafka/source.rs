@@ -146,6 +146,12 @@ const CONSUMER_DEFAULTS: &[(&str, &str)] = &[
     ("auto.offset.reset", "earliest"),
     ("queued.max.messages.kbytes", "4096"),
     ("fetch.wait.max.ms", "10"),
+    // The largest response librdkafka accepts. Brokers that do not honour
+    // the fetch size limits (the test broker answers a fetch with the whole
+    // partition from the offset on) would otherwise fail every fetch of a
+    // partition larger than the default 100 MB, and the source would
+    // retry forever.
+    ("receive.message.max.bytes", "2147483647"),
 ];
 
 impl<M> std::fmt::Debug for KafkaSource<M> {

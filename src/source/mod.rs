@@ -122,6 +122,15 @@ pub trait Source: Send + Sync + 'static {
         let _ = offsets;
         Ok(())
     }
+
+    /// The job takes checkpoints: called before any partition of this
+    /// process is opened (once per worker that reads the source). From now
+    /// on the source must keep upstream whatever a recovery from a
+    /// checkpoint could read again, and release it only in
+    /// [`acknowledge`](Self::acknowledge) (the PostgreSQL source then
+    /// advances its replication slot only there, instead of as soon as it
+    /// hands changes out). By default nothing changes.
+    fn acknowledge_on_commit(&self) {}
 }
 
 /// Reads one partition.

@@ -32,7 +32,7 @@
 //!    (commit timestamps are taken before a transaction becomes visible and
 //!    follow a clock that may step back). Once handed out, the slot is
 //!    advanced past them (`pg_replication_slot_advance`) so that the server
-//!    can recycle its WAL;
+//!    can recycle its WAL, except in a checkpointed job (see Offsets);
 //! 4. when a poll finds nothing more, the source has caught up and its
 //!    watermark hint is the server's clock at that poll minus
 //!    [`watermark_margin`](PostgresConfig::watermark_margin): a transaction
@@ -59,9 +59,24 @@
 //! Offsets: the offset is the end LSN of the last transaction handed out
 //! (the consistent point right after the snapshot, 0 while the snapshot is
 //! read: resuming from 0 takes a new snapshot, as the rows not yet read
-//! would otherwise be lost). The slot is advanced as soon as changes are
-//! handed out, so only the latest offset can be resumed from: opening with
-//! an offset that the slot has already confirmed past (its
+//! would otherwise be lost).
+//!
+//! - **In a checkpointed job** the slot holds every change after the last
+//!   committed checkpoint: each session of the reader reads from a cursor,
+//!   a temporary copy of the slot (`pg_copy_logical_replication_slot`,
+//!   PostgreSQL 12 or later; dropped when its session ends) advanced as
+//!   changes are handed out, and the slot itself is advanced to a
+//!   checkpoint's offset only once that checkpoint has committed (the
+//!   source's commit step, [`Source::acknowledge`](crate::source::Source::acknowledge)).
+//!   A recovery from the latest committed checkpoint therefore always
+//!   finds its changes, and a process killed at any moment recovers
+//!   exactly once. The server keeps the WAL since the last committed
+//!   checkpoint (a checkpoint interval's worth, more while the job is
+//!   down).
+//! - **Without checkpoints** the slot is advanced as soon as changes are
+//!   handed out, so only the latest offset can be resumed from.
+//!
+//! Opening with an offset that the slot has already confirmed past (its
 //! `confirmed_flush_lsn` is greater) fails with an error naming both
 //! positions rather than silently skipping what lies between; start
 //! without offset to take a new snapshot then.

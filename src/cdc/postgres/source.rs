@@ -4,7 +4,7 @@
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, TryRecvError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::changes::Transaction;
@@ -89,11 +89,25 @@ pub struct PostgresStats {
 
 /// A PostgreSQL table changelog source (one partition); see the
 /// [module documentation](super).
-#[derive(Debug)]
 pub struct PostgresSource {
     config: Arc<PostgresConfig>,
     stopped: Arc<AtomicBool>,
     stats: Arc<Stats>,
+    /// The job takes checkpoints: the slot advances only when one commits
+    /// ([`Source::acknowledge`]); readers read from a temporary copy of it.
+    acknowledging: Arc<AtomicBool>,
+    /// The connection that advances the slot when a checkpoint commits.
+    acknowledger: Mutex<Option<postgres::Client>>,
+}
+
+impl std::fmt::Debug for PostgresSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresSource")
+            .field("slot", &self.config.slot)
+            .field("tables", &self.config.tables)
+            .field("acknowledging", &self.acknowledging.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
 }
 
 impl PostgresSource {
@@ -127,7 +141,13 @@ impl PostgresSource {
         if config.snapshot_batch == 0 {
             return bad("snapshot_batch must be positive".into());
         }
-        Ok(PostgresSource { config: Arc::new(config), stopped: Arc::default(), stats: Arc::default() })
+        Ok(PostgresSource {
+            config: Arc::new(config),
+            stopped: Arc::default(),
+            stats: Arc::default(),
+            acknowledging: Arc::default(),
+            acknowledger: Mutex::new(None),
+        })
     }
 
     /// The configuration.
@@ -168,6 +188,38 @@ impl Source for PostgresSource {
         Ok(vec![format!("postgres:{}", self.config.slot)])
     }
 
+    /// In a checkpointed job the slot must keep every change after the
+    /// last committed checkpoint: readers then read from a temporary copy
+    /// of the slot (a cursor, advanced as changes are handed out, dropped
+    /// with its session) and the slot itself advances only in
+    /// [`acknowledge`](Source::acknowledge). Needs PostgreSQL 12 or later.
+    fn acknowledge_on_commit(&self) {
+        self.acknowledging.store(true, Ordering::SeqCst);
+    }
+
+    /// Advances the replication slot to the offset of a committed
+    /// checkpoint: the server may then recycle the WAL before it, and a
+    /// recovery from that checkpoint (or a later one) finds every change
+    /// after it still in the slot.
+    fn acknowledge(&self, offsets: &[(usize, Offset)]) -> Result<(), SourceError> {
+        let Some(&(_, lsn)) = offsets.iter().find(|(p, _)| *p == 0) else { return Ok(()) };
+        if lsn == 0 {
+            // Taken during the initial snapshot: nothing to confirm yet.
+            return Ok(());
+        }
+        let mut connection = self.acknowledger.lock().unwrap_or_else(|p| p.into_inner());
+        let result = super::worker::advance_slot(&self.config, &mut connection, lsn);
+        if result.is_err() {
+            *connection = None;
+        }
+        result.map_err(|e| match e {
+            super::error::Failure::Fatal(e) => e,
+            super::error::Failure::Retry(reason) => {
+                SourceError::Unavailable { what: format!("postgres source (slot {})", self.config.slot), reason }
+            }
+        })
+    }
+
     fn open(&self, index: usize, from: Option<Offset>) -> Result<PostgresReader, SourceError> {
         if index != 0 {
             return Err(SourceError::Config(format!("postgres source: no partition {index}")));
@@ -180,6 +232,7 @@ impl Source for PostgresSource {
             Arc::clone(&self.stats),
             tx,
             from,
+            self.acknowledging.load(Ordering::SeqCst),
         );
         std::thread::Builder::new()
             .name(format!("highwater-pg-{}", self.config.slot))
@@ -277,10 +330,14 @@ impl PartitionReader for PostgresReader {
     /// being read: 0, "snapshot incomplete", from which
     /// [`open`](Source::open) takes a new snapshot (as without offset).
     ///
-    /// The slot is advanced to the offset as soon as the transactions are
-    /// handed out, so only the latest offset can be resumed from: opening
-    /// with an older one fails with an error (the slot has confirmed past
-    /// it and cannot replay what lies between), never silently loses data.
+    /// Without checkpoints the slot is advanced to the offset as soon as
+    /// the transactions are handed out, so only the latest offset can be
+    /// resumed from: opening with an older one fails with an error (the
+    /// slot has confirmed past it and cannot replay what lies between),
+    /// never silently loses data. In a checkpointed job the slot advances
+    /// only to the offsets of committed checkpoints
+    /// ([`Source::acknowledge`]), so a recovery from the latest committed
+    /// checkpoint always finds its changes.
     fn offset(&self) -> Offset {
         self.offset
     }

@@ -52,8 +52,12 @@ pub(crate) struct Worker {
     sent_before: u64,
     /// The end LSN of the last transaction sent.
     last_sent_end: u64,
-    /// Where the slot was last advanced to.
+    /// Where the slot read from was last advanced to.
     advanced: u64,
+    /// The job takes checkpoints: read from a cursor, a temporary copy of
+    /// the slot made by each session, and leave the slot itself to
+    /// [`advance_slot`] when a checkpoint commits.
+    acknowledging: bool,
     /// Event times, non-decreasing in delivery order.
     clock: EventClock,
     decoder: Decoder,
@@ -77,6 +81,7 @@ impl Worker {
         stats: Arc<Stats>,
         tx: SyncSender<Msg>,
         from: Option<u64>,
+        acknowledging: bool,
     ) -> Self {
         let origin = format!("postgres:{}", config.slot);
         // Offset 0 is the one reported during the snapshot: take a new one.
@@ -92,6 +97,7 @@ impl Worker {
             sent_before: from.unwrap_or(0),
             last_sent_end: 0,
             advanced: 0,
+            acknowledging,
             clock: EventClock::default(),
             origin,
         }
@@ -186,14 +192,36 @@ impl Worker {
     }
 
     fn connect(&self) -> Result<Client, Failure> {
-        let mut config = postgres::Config::from_str(&self.config.url)
-            .map_err(|e| Failure::config(format!("invalid connection string: {e}")))?;
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(Duration::from_secs(10));
+        connect(&self.config)
+    }
+
+    /// Makes this session's cursor: a temporary copy of `slot` (dropped when
+    /// the session ends), advanced past what was handed out before (a
+    /// reconnection) or lies before the offset resumed from.
+    fn open_cursor(&self, client: &mut Client, slot: &str) -> Result<String, Failure> {
+        let version: i32 = client
+            .query_one("SELECT current_setting('server_version_num')::int4", &[])?
+            .try_get(0)
+            .map_err(|e| Failure::invalid("reading the server version", e))?;
+        if version < 120_000 {
+            return Err(Failure::config(format!(
+                "a checkpointed PostgreSQL source needs PostgreSQL 12 or later \
+                 (pg_copy_logical_replication_slot); the server is version {version}"
+            )));
         }
-        let mut client = config.connect(NoTls)?;
-        client.batch_execute(SESSION_SETUP)?;
-        Ok(client)
+        let pid: i32 = client
+            .query_one("SELECT pg_backend_pid()", &[])?
+            .try_get(0)
+            .map_err(|e| Failure::invalid("reading the backend pid", e))?;
+        let cursor = format!("highwater_cursor_{pid}");
+        client.execute("SELECT pg_copy_logical_replication_slot($1, $2, true)", &[&slot, &cursor])?;
+        let start = self.shared.handed_end.load(Ordering::SeqCst).max(self.from.unwrap_or(0));
+        let position = catalog::slot_position(client, &cursor)?.unwrap_or(0);
+        if start > position {
+            client.query("SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)", &[&cursor, &format_lsn(start)])?;
+        }
+        tracing::debug!(slot, cursor, start = %format_lsn(start), "reading from a cursor on the slot");
+        Ok(cursor)
     }
 
     /// One connection: set-up (first time: slot and snapshot), then streaming.
@@ -240,9 +268,16 @@ impl Worker {
         let Some(position) = catalog::slot_position(&mut client, &slot)? else {
             return Err(Failure::config(format!("replication slot {slot} was dropped while the source ran")));
         };
-        self.advanced = self.advanced.max(position);
+        let reading = if self.acknowledging {
+            let cursor = self.open_cursor(&mut client, &slot)?;
+            self.advanced = catalog::slot_position(&mut client, &cursor)?.unwrap_or(position);
+            cursor
+        } else {
+            self.advanced = self.advanced.max(position);
+            slot
+        };
         *connected = true;
-        self.stream(&mut client)
+        self.stream(&mut client, reading)
     }
 
     /// Reads the tables in the slot's exported snapshot and sends them
@@ -341,8 +376,9 @@ impl Worker {
         Ok(Ok(()))
     }
 
-    /// Polls the slot until stopped or the connection fails.
-    fn stream(&mut self, client: &mut Client) -> Result<Ended, Failure> {
+    /// Polls `slot` (the slot, or this session's cursor on it) until
+    /// stopped or the connection fails.
+    fn stream(&mut self, client: &mut Client, slot: String) -> Result<Ended, Failure> {
         let peek = client.prepare(
             "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2, \
              'proto_version', '1', 'publication_names', $3)",
@@ -351,7 +387,6 @@ impl Worker {
         let advance = client.prepare("SELECT end_lsn::text FROM pg_replication_slot_advance($1, $2::text::pg_lsn)")?;
         let limit = self.config.max_changes_per_poll as i32;
         let publication = quote_ident(&self.config.publication);
-        let slot = self.config.slot.clone();
         let margin = self.config.watermark_margin.0;
         loop {
             if self.stopped() {
@@ -427,6 +462,37 @@ impl Worker {
         self.stats.transactions.fetch_add(1, Ordering::Relaxed);
         self.stats.changes.fetch_add(txn.changes.len() as u64, Ordering::Relaxed);
         self.send(Msg::Txn(txn))
+    }
+}
+
+/// A connection with the session settings of the source.
+pub(crate) fn connect(config: &PostgresConfig) -> Result<Client, Failure> {
+    let mut pg = postgres::Config::from_str(&config.url)
+        .map_err(|e| Failure::config(format!("invalid connection string: {e}")))?;
+    if pg.get_connect_timeout().is_none() {
+        pg.connect_timeout(Duration::from_secs(10));
+    }
+    let mut client = pg.connect(NoTls)?;
+    client.batch_execute(SESSION_SETUP)?;
+    Ok(client)
+}
+
+/// Advances the configured slot to `lsn` (a committed checkpoint's offset)
+/// unless it is there already, connecting first if `connection` is empty.
+pub(crate) fn advance_slot(config: &PostgresConfig, connection: &mut Option<Client>, lsn: u64) -> Result<(), Failure> {
+    if connection.is_none() {
+        *connection = Some(connect(config)?);
+    }
+    let client = connection.as_mut().expect("connected above");
+    let slot = &config.slot;
+    match catalog::slot_position(client, slot)? {
+        None => Err(Failure::config(format!("replication slot {slot} was dropped while the source ran"))),
+        Some(confirmed) if confirmed >= lsn => Ok(()),
+        Some(_) => {
+            client.query("SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)", &[slot, &format_lsn(lsn)])?;
+            tracing::debug!(slot, lsn = %format_lsn(lsn), "advanced the replication slot to a committed checkpoint");
+            Ok(())
+        }
     }
 }
 

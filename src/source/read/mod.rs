@@ -156,6 +156,9 @@ where
         }
     }
     let restored_time = checkpoints.as_ref().and_then(|c| c.restored_time());
+    if checkpoints.is_some() {
+        source.acknowledge_on_commit();
+    }
     let mut queue = VecDeque::new();
     for i in (0..names.len()).filter(|i| i % peers == index) {
         let mut watermark = PartitionWatermark::new(options.watermark.clone(), options.idle_timeout);

@@ -26,7 +26,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crash::{committed_parts, events_file, Scratch};
+use crash::{committed_parts, events_file, seed, Rng, Scratch};
 use highwater::kafka::{create_topic, KafkaConfig, KafkaSource, Producer, StartFrom, StopAt, WithTimestamp};
 use highwater::prelude::*;
 use kafka::KafkaBroker;
@@ -661,4 +661,142 @@ fn the_group_offsets_are_committed_only_when_a_checkpoint_covering_them_has_comm
     let out = run("checked", Some(&checkpoints), true).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(group_remaining(&brokers, "events", "checked"), 0);
+}
+
+/// A checkpointed q8 (windows + join) from topic `events` to topic `rows`,
+/// exactly once, killing itself at `kill_at` (a kill point) if given.
+fn exactly_once_job(brokers: &str, checkpoints: &Path, recover: bool, workers: &str, kill_at: Option<&str>) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["nexmark", "-q", "q8", "--kafka", brokers, "--topic", "events", "--to", "latest"]);
+    cmd.arg("--checkpoint-dir").arg(checkpoints).args(["--checkpoint-interval", "100ms"]);
+    cmd.args(["--output-topic", "rows", "--exactly-once"]);
+    if recover {
+        cmd.arg("--recover");
+    }
+    if let Some(point) = kill_at {
+        cmd.env("HIGHWATER_KILL_AT", point);
+    }
+    cmd.args(["--", "-w", workers]).stdout(Stdio::null()).stderr(Stdio::piped());
+    cmd
+}
+
+/// q8's rows of an uninterrupted run over topic `events`, sorted.
+fn q8_reference(brokers: &str, dir: &Path) -> Vec<String> {
+    let reference = dir.join("plain.csv");
+    run_ok(nexmark("q8", &["--kafka", brokers, "--topic", "events", "--to", "latest"], &reference, &["-w", "2"]));
+    let expected = rows_of(&reference);
+    assert!(expected.len() > 100, "q8 gave {} rows: a vacuous test", expected.len());
+    expected
+}
+
+/// The records of topic `rows`, read `read_committed`, sorted: a duplicate
+/// or a gap shows against the uninterrupted run's rows.
+fn committed_rows(brokers: &str) -> Vec<String> {
+    let mut rows = topic_records(brokers, "rows");
+    rows.sort();
+    rows
+}
+
+/// Asserts that two sorted lists of rows are equal, naming the rows
+/// missing and the rows in excess (duplicates) when they are not.
+fn same_rows(actual: Vec<String>, expected: &[String], context: &str) {
+    if actual == expected {
+        return;
+    }
+    let mut counts: BTreeMap<&str, i64> = BTreeMap::new();
+    for row in &actual {
+        *counts.entry(row).or_default() += 1;
+    }
+    for row in expected {
+        *counts.entry(row).or_default() -= 1;
+    }
+    let missing: Vec<_> = counts.iter().filter(|(_, c)| **c < 0).map(|(r, c)| (*r, -c)).collect();
+    let excess: Vec<_> = counts.iter().filter(|(_, c)| **c > 0).collect();
+    let mut by_first: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for (row, _) in &missing {
+        by_first.entry(row.split(',').next().unwrap_or("")).or_default().0 += 1;
+    }
+    for (row, _) in &excess {
+        by_first.entry(row.split(',').next().unwrap_or("")).or_default().1 += 1;
+    }
+    panic!(
+        "{context}: {} rows, expected {}; (missing, excess) by first field: {by_first:?}; \
+         {} missing, e.g. {:?}; {} in excess, e.g. {:?}",
+        actual.len(),
+        expected.len(),
+        missing.len(),
+        &missing[..missing.len().min(5)],
+        excess.len(),
+        &excess[..excess.len().min(5)]
+    );
+}
+
+#[test]
+fn exactly_once_kafka_to_kafka_through_random_sigkills_onto_other_worker_counts() {
+    let broker = KafkaBroker::start();
+    let scratch = Scratch::new("kafka", "exactly-once");
+    let dir = &scratch.0;
+    generate_to_kafka(&broker, "events", 2_000_000);
+    let brokers = broker.brokers();
+    let expected = q8_reference(&brokers, dir);
+    let checkpoints = dir.join("ck");
+    let seed = seed();
+    let mut rng = Rng(seed);
+    let (mut kills, mut runs) = (0, 0);
+    loop {
+        let workers = if runs % 2 == 0 { "2" } else { "1" };
+        let mut child = exactly_once_job(&brokers, &checkpoints, runs > 0, workers, None).spawn().unwrap();
+        runs += 1;
+        if kills >= 10 {
+            let out = child.wait_with_output().unwrap();
+            assert!(out.status.success(), "the last run: {}", String::from_utf8_lossy(&out.stderr));
+            break;
+        }
+        std::thread::sleep(rng.millis(150, 900));
+        if child.try_wait().unwrap().is_some() {
+            let out = child.wait_with_output().unwrap();
+            assert!(out.status.success(), "run {runs}: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(kills >= 10, "the job ended after {kills} kills (HIGHWATER_CRASH_SEED={seed}): make it longer");
+            break;
+        }
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        kills += 1;
+    }
+    same_rows(
+        committed_rows(&brokers),
+        &expected,
+        &format!("after {kills} kills in {runs} runs (HIGHWATER_CRASH_SEED={seed})"),
+    );
+}
+
+/// Killed between a checkpoint's manifest and its sink's commit, and with
+/// a transaction produced but not committed: the recovery produces those
+/// parts again from the checkpoint's copy, the broker's open transaction is
+/// aborted, and `read_committed` readers see each row once.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn exactly_once_kafka_output_survives_kills_between_manifest_and_commit_and_inside_a_transaction() {
+    use std::os::unix::process::ExitStatusExt;
+    let broker = KafkaBroker::start();
+    let scratch = Scratch::new("kafka", "exactly-once-points");
+    let dir = &scratch.0;
+    generate_to_kafka(&broker, "events", 1_000_000);
+    let brokers = broker.brokers();
+    let expected = q8_reference(&brokers, dir);
+    let checkpoints = dir.join("ck");
+    // q8's windows close every 100 K events: most parts are empty, and
+    // transactions (non-empty parts) are few; the second run's first one
+    // may be the recovery's commit of the restored checkpoint.
+    for (run, point) in ["sink-commit:3", "kafka-transaction:1", "sink-commit:2"].into_iter().enumerate() {
+        let out = exactly_once_job(&brokers, &checkpoints, run > 0, "2", Some(point)).output().unwrap();
+        assert_eq!(out.status.signal(), Some(9), "{point} not reached: {}", String::from_utf8_lossy(&out.stderr));
+        // Nothing of the killed commit is visible.
+        let rows = committed_rows(&brokers);
+        let mut distinct = rows.clone();
+        distinct.dedup();
+        assert_eq!(distinct.len(), rows.len(), "a duplicate after the kill at {point}");
+    }
+    run_ok(exactly_once_job(&brokers, &checkpoints, true, "1", None));
+    same_rows(committed_rows(&brokers), &expected, "after the kill points");
 }

@@ -64,7 +64,7 @@
 
 pub mod cluster;
 mod coordinator;
-mod kill;
+pub(crate) mod kill;
 pub mod manifest;
 #[cfg(feature = "s3")]
 pub mod s3;

@@ -350,6 +350,24 @@ impl CheckpointStore for S3Store {
         }
     }
 
+    fn put_sink_part(&self, id: CheckpointId, name: &str, bytes: &[u8]) -> Result<FileInfo, CheckpointError> {
+        let key = self.checkpoint_prefix(id).join("sinks").join(name);
+        self.runtime
+            .block_on(self.client.put(&key, PutPayload::from(bytes.to_vec())))
+            .map_err(self.error("uploading to", &key))?;
+        Ok(FileInfo { name: name.to_owned(), size: bytes.len() as u64, crc32: crc32fast::hash(bytes) })
+    }
+
+    fn get_sink_part(&self, id: CheckpointId, info: &FileInfo) -> Result<Vec<u8>, CheckpointError> {
+        let key = self.checkpoint_prefix(id).join("sinks").join(info.name.as_str());
+        let bytes = self.runtime.block_on(async {
+            let result = self.client.get(&key).await.map_err(self.error("downloading", &key))?;
+            result.bytes().await.map_err(self.error("downloading", &key))
+        })?;
+        super::store::check_part(self.url(&key), &bytes, info)?;
+        Ok(bytes.to_vec())
+    }
+
     fn delete(&self, id: CheckpointId) -> Result<(), CheckpointError> {
         // The manifest goes first: a half-deleted checkpoint is an incomplete one.
         self.delete_key(&self.manifest_key(id))?;

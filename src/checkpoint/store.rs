@@ -42,6 +42,30 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
     fn get_manifest(&self, id: CheckpointId) -> Result<Option<Vec<u8>>, CheckpointError>;
     /// Deletes checkpoint `id`.
     fn delete(&self, id: CheckpointId) -> Result<(), CheckpointError>;
+    /// Puts `bytes` as the pending part `name` of an exactly-once sink at
+    /// checkpoint `id` (durable once this returns), kept with the checkpoint
+    /// and deleted with it; returns its size and checksum.
+    fn put_sink_part(&self, id: CheckpointId, name: &str, bytes: &[u8]) -> Result<FileInfo, CheckpointError>;
+    /// The contents of a part put by [`put_sink_part`](Self::put_sink_part),
+    /// checked against `info` (its name, size and checksum).
+    fn get_sink_part(&self, id: CheckpointId, info: &FileInfo) -> Result<Vec<u8>, CheckpointError>;
+}
+
+/// Checks a sink part's bytes against the size and checksum it was put with.
+pub(crate) fn check_part(what: String, bytes: &[u8], info: &FileInfo) -> Result<(), CheckpointError> {
+    let crc32 = crc32fast::hash(bytes);
+    if bytes.len() as u64 != info.size || crc32 != info.crc32 {
+        return Err(CheckpointError::Corrupt {
+            what,
+            reason: format!(
+                "{} bytes with crc32 {crc32:08x}, the manifest says {} bytes with crc32 {:08x}",
+                bytes.len(),
+                info.size,
+                info.crc32
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Opens the store at `location`: `s3://bucket/prefix` or a directory.
@@ -190,6 +214,28 @@ impl CheckpointStore for LocalStore {
         sync_dir(&dir)?;
         // The checkpoint's directory itself, in the store's.
         sync_dir(&self.dir)
+    }
+
+    fn put_sink_part(&self, id: CheckpointId, name: &str, bytes: &[u8]) -> Result<FileInfo, CheckpointError> {
+        let dir = self.checkpoint_dir(id).join("sinks");
+        std::fs::create_dir_all(&dir).map_err(io(dir.display().to_string()))?;
+        let tmp = dir.join(format!("{name}.tmp"));
+        let path = dir.join(name);
+        let mut file = std::fs::File::create(&tmp).map_err(io(tmp.display().to_string()))?;
+        file.write_all(bytes).and_then(|_| file.sync_all()).map_err(io(tmp.display().to_string()))?;
+        drop(file);
+        std::fs::rename(&tmp, &path).map_err(io(path.display().to_string()))?;
+        sync_dir(&dir)?;
+        Ok(FileInfo { name: name.to_owned(), size: bytes.len() as u64, crc32: crc32fast::hash(bytes) })
+    }
+
+    fn get_sink_part(&self, id: CheckpointId, info: &FileInfo) -> Result<Vec<u8>, CheckpointError> {
+        let path = self.checkpoint_dir(id).join("sinks").join(&info.name);
+        let what = path.display().to_string();
+        let bytes =
+            std::fs::read(&path).map_err(|e| CheckpointError::Corrupt { what: what.clone(), reason: e.to_string() })?;
+        check_part(what, &bytes, info)?;
+        Ok(bytes)
     }
 
     fn get_manifest(&self, id: CheckpointId) -> Result<Option<Vec<u8>>, CheckpointError> {

@@ -54,15 +54,23 @@ pub(super) struct NexmarkArgs {
     topic: Vec<String>,
     /// Write the rows to this Kafka topic (created with 4 partitions if
     /// missing): one record per row, CSV without a header (--format json:
-    /// a JSON object per row). At least once: the idempotent producer on
-    /// every worker, flushed before each checkpoint completes; a recovered
-    /// job produces again what followed its checkpoint. An updating query
-    /// writes its changelog, each record with a header `diff` (1 or -1).
+    /// a JSON object per row). At least once by default: the idempotent
+    /// producer on every worker, flushed before each checkpoint completes;
+    /// a recovered job produces again what followed its checkpoint
+    /// (--exactly-once: Kafka transactions). An updating query writes its
+    /// changelog, each record with a header `diff` (1 or -1).
     #[arg(long, value_name = "TOPIC", requires = "kafka", conflicts_with_all = ["output", "output_dir", "output_postgres", "discard"])]
     output_topic: Option<String>,
     /// --output-topic: `csv` (the default) or `json`.
     #[arg(long, default_value = "csv", requires = "output_topic")]
     format: OutputFormat,
+    /// --output-topic, exactly once (needs --checkpoint-dir): the rows of
+    /// each checkpoint are produced in Kafka transactions committed with it
+    /// (`transactional.id` `highwater-q{N}-{topic}-{worker}`, progress
+    /// records in `{topic}-highwater-progress`); `read_committed` readers
+    /// see every row once, whenever the job is killed and recovered.
+    #[arg(long, requires_all = ["output_topic", "checkpoint_dir"])]
+    exactly_once: bool,
     /// --kafka: where to start without a checkpoint: earliest, latest,
     /// group (the consumer group's committed offsets) or a timestamp in ms.
     #[arg(long, default_value = "earliest", requires = "topic")]
@@ -542,7 +550,8 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
         (Some(brokers), Some(topic)) => {
             let config = KafkaConfig::new(brokers.clone());
             create_topic(&config, topic, 4).context("creating the output topic")?;
-            Some((config, topic.clone(), args.format))
+            let transactional = args.exactly_once.then(|| format!("highwater-q{}-{topic}", args.query.0));
+            Some((config, topic.clone(), args.format, transactional))
         }
         _ => None,
     };
@@ -579,7 +588,7 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
                     write_parts(&rows, "Output", dir, Some(header), format)?
                 }
                 _ if output_topic.is_some() => {
-                    let (config, topic, format) = output_topic.clone().expect("matched");
+                    let (config, topic, format, transactional) = output_topic.clone().expect("matched");
                     let mode = if out.kind == QueryKind::Updating || query_options.allowed_lateness > 0 {
                         KafkaSinkMode::Changelog
                     } else {
@@ -592,7 +601,11 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
                             rows.map(move |row| row_as_json(names, &row))
                         }
                     };
-                    KafkaSink::new(config, topic, TextEncoder).mode(mode).write(&rows, "Output")?
+                    let sink = KafkaSink::new(config, topic, TextEncoder).mode(mode);
+                    match transactional {
+                        Some(prefix) => sink.exactly_once(prefix).write(&rows, "Output")?,
+                        None => sink.write(&rows, "Output")?,
+                    }
                 }
                 _ if output_postgres.is_some() => {
                     let postgres = output_postgres.as_ref().expect("matched");

@@ -12,6 +12,7 @@
 //! feature in Cargo.toml for why.
 
 mod config;
+mod exactly_once;
 mod produce;
 mod sink;
 mod source;

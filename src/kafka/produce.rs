@@ -129,6 +129,42 @@ impl Producer {
         self.check()
     }
 
+    /// A transactional producer with `transactional_id`: its
+    /// `init_transactions` fences every older producer with the same id and
+    /// aborts the transaction such a producer left open.
+    pub fn transactional(config: &KafkaConfig, transactional_id: &str, timeout: Duration) -> Result<Self, KafkaError> {
+        let what = format!("creating the transactional producer {transactional_id}");
+        let inner: BaseProducer<Deliveries> = config
+            .client(PRODUCER_DEFAULTS)
+            .set("transactional.id", transactional_id)
+            .create_with_context(Deliveries::default())
+            .map_err(|e| KafkaError::client(&config.brokers, &what, e))?;
+        inner.init_transactions(timeout).map_err(|e| {
+            KafkaError::client(&config.brokers, &format!("initializing transactions of {transactional_id}"), e)
+        })?;
+        Ok(Producer { inner, brokers: config.brokers.clone() })
+    }
+
+    /// Begins a transaction (a transactional producer's).
+    pub fn begin(&self) -> Result<(), KafkaError> {
+        self.inner.begin_transaction().map_err(|e| KafkaError::client(&self.brokers, "beginning a transaction", e))
+    }
+
+    /// Commits the open transaction, after delivering its records.
+    pub fn commit(&self, timeout: Duration) -> Result<(), KafkaError> {
+        self.inner
+            .commit_transaction(timeout)
+            .map_err(|e| KafkaError::client(&self.brokers, "committing a transaction", e))?;
+        self.check()
+    }
+
+    /// Aborts the open transaction.
+    pub fn abort(&self, timeout: Duration) -> Result<(), KafkaError> {
+        self.inner
+            .abort_transaction(timeout)
+            .map_err(|e| KafkaError::client(&self.brokers, "aborting a transaction", e))
+    }
+
     /// How many records the broker has acknowledged so far.
     pub fn delivered(&self) -> u64 {
         self.inner.context().delivered.load(Ordering::Relaxed)

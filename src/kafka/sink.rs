@@ -1,6 +1,9 @@
-//! The at-least-once Kafka sink: each worker produces its share of a
+//! The Kafka sink. At least once: each worker produces its share of a
 //! stream's records with the idempotent producer, and flushes at every
-//! checkpoint before handing in its share of it.
+//! checkpoint before handing in its share of it. Exactly once: each worker
+//! hands in the records below each cut as its part of the checkpoint,
+//! which `exactly_once.rs` produces in a Kafka transaction once the
+//! checkpoint is written.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,6 +18,7 @@ use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::generic::Operator;
 
 use super::config::KafkaConfig;
+use super::exactly_once::{PartWriter, TransactionalCommitter};
 use super::produce::Producer;
 use super::KafkaError;
 use crate::checkpoint::{CheckpointError, Checkpoints, SinkCommitter, SinkPart, SinkSubmission};
@@ -72,9 +76,11 @@ pub enum KafkaSinkMode {
     /// [`SinkHandle::unapplied_retractions`]. Right for append-only results.
     #[default]
     Append,
-    /// The changelog: once the watermark passes a time, that time's updates
-    /// are consolidated and produced in order, each with a header `diff`
-    /// (`1` for an insertion, `-1` for a retraction).
+    /// The changelog: once the watermark passes a stamp (the watermark the
+    /// updates were made at), that stamp's updates are consolidated and
+    /// produced in stamp order, each with a header `diff` (`1` for an
+    /// insertion, `-1` for a retraction). Checkpoint cuts are taken by
+    /// stamps too, so a recovery neither loses nor repeats an update.
     Changelog,
 }
 
@@ -89,6 +95,9 @@ type HeadersFn<T> = Box<dyn Fn(&T) -> Vec<(String, Vec<u8>)>>;
 /// that recovers from a checkpoint produces again what it had produced after
 /// that checkpoint. With checkpoints, the sink flushes before each
 /// checkpoint completes, so that nothing before a checkpoint is lost.
+///
+/// Exactly once ([`exactly_once`](Self::exactly_once)): Kafka transactions
+/// committed with the job's checkpoints, for `read_committed` readers.
 ///
 /// Records are partitioned by their key with librdkafka's partitioner
 /// (`partitioner` in [`KafkaConfig::set`]; `consistent_random` by
@@ -117,6 +126,15 @@ pub struct KafkaSink<T, E> {
     headers: Option<HeadersFn<T>>,
     mode: KafkaSinkMode,
     flush_timeout: Duration,
+    exactly_once: Option<ExactlyOnce>,
+}
+
+/// The settings of an exactly-once sink.
+#[derive(Clone, Debug)]
+struct ExactlyOnce {
+    /// `transactional.id` = `{prefix}-{shard}`.
+    prefix: String,
+    progress_topic: Option<String>,
 }
 
 impl<T, E> std::fmt::Debug for KafkaSink<T, E> {
@@ -136,7 +154,38 @@ impl<T: Data, E: Encode<T>> KafkaSink<T, E> {
             headers: None,
             mode: KafkaSinkMode::Append,
             flush_timeout: Duration::from_secs(60),
+            exactly_once: None,
         }
+    }
+
+    /// Exactly once, in a checkpointed job: the records below each
+    /// checkpoint's cut are produced in Kafka transactions committed only
+    /// after the checkpoint's manifest is written, one per sink shard (a
+    /// worker) with the stable `transactional.id` `{prefix}-{shard}`, each
+    /// with a progress record to the progress topic
+    /// ([`progress_topic`](Self::progress_topic)). A `read_committed`
+    /// consumer of the topic sees every record exactly once, whenever the
+    /// job is killed and recovered. The prefix names the job and the sink
+    /// (e.g. `fraud-alerts`): two running jobs must not share it.
+    ///
+    /// Records become visible when their checkpoint commits (latency: up to
+    /// the checkpoint interval, plus the commit). Between a checkpoint's
+    /// cut and its commit they are held in the checkpoint store (the part
+    /// that a recovery produces again if the commit did not happen), so
+    /// the store holds up to a checkpoint interval of output per
+    /// checkpoint kept. [`write`](Self::write) fails without checkpoints.
+    pub fn exactly_once(mut self, transactional_id_prefix: impl Into<String>) -> Self {
+        self.exactly_once = Some(ExactlyOnce { prefix: transactional_id_prefix.into(), progress_topic: None });
+        self
+    }
+
+    /// The topic of an exactly-once sink's progress records (created with
+    /// one partition if missing; `{topic}-highwater-progress` by default).
+    pub fn progress_topic(mut self, topic: impl Into<String>) -> Self {
+        if let Some(eo) = self.exactly_once.as_mut() {
+            eo.progress_topic = Some(topic.into());
+        }
+        self
     }
 
     /// Each record's key (which picks its partition).
@@ -171,13 +220,42 @@ impl<T: Data, E: Encode<T>> KafkaSink<T, E> {
     /// # Errors
     /// If the producer cannot be created, or the checkpoints refuse the sink.
     pub fn write(self, stream: &EventStream<'_, T>, name: &str) -> Result<SinkHandle, KafkaError> {
-        let producer = Producer::new(&self.config)?;
+        // Exactly once, the committer produces (in transactions).
+        let producer = if self.exactly_once.is_some() { None } else { Some(Producer::new(&self.config)?) };
         let worker = stream.scope().index();
         let checkpoints = Checkpoints::of(&stream.scope());
-        if let Some(c) = checkpoints.as_ref() {
-            c.register_sink(name, worker, Arc::new(Flushed { topic: self.topic.clone() }))
+        match (checkpoints.as_ref(), self.exactly_once.as_ref()) {
+            (Some(c), None) => c
+                .register_sink(name, worker, Arc::new(Flushed { topic: self.topic.clone() }))
+                .map_err(|e| KafkaError::Admin(format!("sink {name}: {e}")))?,
+            (Some(c), Some(eo)) => {
+                let progress =
+                    eo.progress_topic.clone().unwrap_or_else(|| format!("{}-highwater-progress", self.topic));
+                c.register_shared_sink(name, worker, || {
+                    let committer = TransactionalCommitter::new(
+                        name,
+                        self.config.clone(),
+                        &self.topic,
+                        &progress,
+                        &eo.prefix,
+                        c.store(),
+                        c.is_first_process(),
+                        self.flush_timeout,
+                    )
+                    .map_err(|e| e.to_string())?;
+                    Ok(Arc::new(committer))
+                })
                 .map_err(|e| KafkaError::Admin(format!("sink {name}: {e}")))?;
+            }
+            (None, Some(_)) => {
+                return Err(KafkaError::Admin(format!(
+                    "sink {name}: exactly once needs the job's checkpoints (configure the timely computation \
+                     with Checkpoints::configure), or write at least once"
+                )))
+            }
+            (None, None) => {}
         }
+        let exactly_once = self.exactly_once.is_some();
         let handle = SinkHandle::default();
         let mut state = SinkState {
             sink: self,
@@ -187,6 +265,7 @@ impl<T: Data, E: Encode<T>> KafkaSink<T, E> {
             pending: BTreeMap::new(),
             buffer: Vec::new(),
             failed: false,
+            parts: exactly_once.then(BTreeMap::new),
         };
         let mut done: Option<CheckpointId> = None;
         let mut finished = false;
@@ -201,7 +280,7 @@ impl<T: Data, E: Encode<T>> KafkaSink<T, E> {
                         batch.clear();
                         continue;
                     }
-                    if let Err(e) = state.take(batch) {
+                    if let Err(e) = state.take(batch, time) {
                         state.fail(e);
                     }
                     batch.clear();
@@ -213,12 +292,27 @@ impl<T: Data, E: Encode<T>> KafkaSink<T, E> {
             }
             if let Some(c) = checkpoints.as_ref() {
                 while let Some(cut) = c.cut_after(done).filter(|cut| cut.time <= watermark) {
-                    // Everything below the cut was produced: make it durable
-                    // before the checkpoint that covers it completes.
-                    if let Err(e) = state.flush() {
-                        state.fail(e);
-                    }
-                    c.submit_sink(worker, cut, SinkSubmission { sink: state.name.clone(), part: None });
+                    let part = match state.parts.as_mut() {
+                        // Exactly once: the records below the cut are the part.
+                        Some(parts) => {
+                            let later = parts.split_off(&cut.time);
+                            let mut due = PartWriter::default();
+                            for (_, records) in std::mem::replace(parts, later) {
+                                due.append(records);
+                            }
+                            (due.rows() > 0).then(|| due.finish(worker as u32))
+                        }
+                        // At least once: everything below the cut was
+                        // produced; make it durable before the checkpoint
+                        // that covers it completes.
+                        None => {
+                            if let Err(e) = state.flush() {
+                                state.fail(e);
+                            }
+                            None
+                        }
+                    };
+                    c.submit_sink(worker, cut, SinkSubmission { sink: state.name.clone(), part });
                     done = Some(cut.id);
                 }
             }
@@ -235,13 +329,17 @@ impl<T: Data, E: Encode<T>> KafkaSink<T, E> {
 /// The sink of one worker.
 struct SinkState<T, E> {
     sink: KafkaSink<T, E>,
-    producer: Producer,
+    /// At least once: the worker's producer.
+    producer: Option<Producer>,
     name: String,
     handle: SinkHandle,
-    /// Changelog mode: updates the watermark has not passed yet.
+    /// Changelog mode: updates by the stamp they travel at, until the
+    /// watermark passes it.
     pending: BTreeMap<Timestamp, Vec<(T, i64)>>,
     buffer: Vec<u8>,
     failed: bool,
+    /// Exactly once: the encoded records by time, until a cut takes them.
+    parts: Option<BTreeMap<Timestamp, PartWriter>>,
 }
 
 impl<T: Data, E: Encode<T>> SinkState<T, E> {
@@ -258,7 +356,9 @@ impl<T: Data, E: Encode<T>> SinkState<T, E> {
         }
     }
 
-    fn take(&mut self, batch: &mut Vec<Update<T>>) -> Result<(), SinkError> {
+    /// Takes the updates of a batch that travels at `stamp` (the
+    /// watermark they were made at, which checkpoint cuts are taken by).
+    fn take(&mut self, batch: &mut Vec<Update<T>>, stamp: Timestamp) -> Result<(), SinkError> {
         if self.failed {
             return Ok(());
         }
@@ -269,13 +369,13 @@ impl<T: Data, E: Encode<T>> SinkState<T, E> {
                         self.handle.unapplied_retractions.add(diff.unsigned_abs());
                     }
                     for _ in 0..diff.max(0) {
-                        self.produce(&record)?;
+                        self.produce(&record, stamp)?;
                     }
                 }
             }
             KafkaSinkMode::Changelog => {
-                for (record, time, diff) in batch.drain(..) {
-                    self.pending.entry(time).or_default().push((record, diff));
+                for (record, _, diff) in batch.drain(..) {
+                    self.pending.entry(stamp).or_default().push((record, diff));
                 }
             }
         }
@@ -291,6 +391,7 @@ impl<T: Data, E: Encode<T>> SinkState<T, E> {
             if *entry.key() >= watermark {
                 break;
             }
+            let time = *entry.key();
             let updates = entry.remove();
             // Records are consolidated by their encoding (`T` need not be `Ord`).
             let mut consolidated: BTreeMap<Vec<u8>, (T, i64)> = BTreeMap::new();
@@ -301,35 +402,46 @@ impl<T: Data, E: Encode<T>> SinkState<T, E> {
             }
             for (bytes, (record, diff)) in consolidated {
                 if diff != 0 {
-                    self.send(&record, &bytes, Some(diff))?;
+                    self.send(&record, &bytes, Some(diff), time)?;
                 }
             }
         }
         Ok(())
     }
 
-    fn produce(&mut self, record: &T) -> Result<(), SinkError> {
+    fn produce(&mut self, record: &T, time: Timestamp) -> Result<(), SinkError> {
         let mut buffer = std::mem::take(&mut self.buffer);
         buffer.clear();
         let sent = match self.sink.encode.encode(record, &mut buffer) {
-            Ok(()) => self.send(record, &buffer, None),
+            Ok(()) => self.send(record, &buffer, None, time),
             Err(e) => Err(self.error(e)),
         };
         self.buffer = buffer;
         sent
     }
 
-    /// Sends `record`, encoded as `value` (`diff` copies of it, with a
-    /// `diff` header, in changelog mode).
-    fn send(&mut self, record: &T, value: &[u8], diff: Option<i64>) -> Result<(), SinkError> {
+    /// Sends `record` of `time`, encoded as `value` (`diff` copies of it,
+    /// with a `diff` header, in changelog mode); exactly once, it is kept
+    /// for the part of the checkpoint whose cut passes `time`.
+    fn send(&mut self, record: &T, value: &[u8], diff: Option<i64>, time: Timestamp) -> Result<(), SinkError> {
         let key = self.sink.key.as_ref().and_then(|k| k(record));
         let mut headers = self.sink.headers.as_ref().map(|h| h(record)).unwrap_or_default();
         if let Some(diff) = diff {
             headers.push(("diff".to_owned(), diff.signum().to_string().into_bytes()));
         }
         let copies = diff.map_or(1, i64::unsigned_abs);
+        if let Some(parts) = self.parts.as_mut() {
+            let part = parts.entry(time).or_default();
+            for _ in 0..copies {
+                part.push(key.as_deref(), value, &headers);
+            }
+            self.handle.lines.add(copies);
+            return Ok(());
+        }
         for _ in 0..copies {
             self.producer
+                .as_ref()
+                .expect("a producer when not exactly once")
                 .send_with(&self.sink.topic, None, key.as_deref(), value, &headers)
                 .map_err(|e| self.error(e))?;
             self.handle.lines.add(1);
@@ -341,7 +453,10 @@ impl<T: Data, E: Encode<T>> SinkState<T, E> {
         if self.failed {
             return Ok(());
         }
-        self.producer.flush(self.sink.flush_timeout).map_err(|e| self.error(e))
+        match self.producer.as_ref() {
+            Some(producer) => producer.flush(self.sink.flush_timeout).map_err(|e| self.error(e)),
+            None => Ok(()),
+        }
     }
 }
 

@@ -253,6 +253,18 @@ impl Checkpoints {
         self.0.store.describe()
     }
 
+    /// The store the checkpoints go to (exactly-once sinks keep their
+    /// pending parts in it, [`CheckpointStore::put_sink_part`]).
+    pub fn store(&self) -> Arc<dyn CheckpointStore> {
+        Arc::clone(&self.0.store)
+    }
+
+    /// Whether this is the job's first process, the one that writes the
+    /// manifests and commits the sinks' parts (of every process).
+    pub fn is_first_process(&self) -> bool {
+        self.0.first_worker == 0
+    }
+
     /// The manifest of the checkpoint the job recovered from, if any.
     pub fn restored(&self) -> Option<&Manifest> {
         self.0.restored.as_ref().map(|r| &r.manifest)
@@ -419,6 +431,31 @@ impl Checkpoints {
         state.job.registry.sinks.insert((sink.to_owned(), worker));
         state.job.registry.committers.insert(sink.to_owned(), committer);
         Ok(())
+    }
+
+    /// Registers an exactly-once sink on `worker` ([`register_sink`](Self::register_sink))
+    /// with one committer shared by all workers of this process: the first
+    /// worker to register makes it with `make`, the others reuse it (a
+    /// committer that holds connections or producers, such as Kafka's
+    /// transactional one, must exist once per process).
+    pub fn register_shared_sink(
+        &self,
+        sink: &str,
+        worker: usize,
+        make: impl FnOnce() -> Result<Arc<dyn SinkCommitter>, String>,
+    ) -> Result<(), CheckpointError> {
+        let committer = {
+            let mut state = lock(&self.0.state);
+            match state.job.registry.committers.get(sink) {
+                Some(c) => Arc::clone(c),
+                None => {
+                    let c = make().map_err(|reason| CheckpointError::Sink { sink: sink.to_owned(), reason })?;
+                    state.job.registry.committers.insert(sink.to_owned(), Arc::clone(&c));
+                    c
+                }
+            }
+        };
+        self.register_sink(sink, worker, committer)
     }
 
     /// A sink's part at `cut`.

@@ -12,7 +12,10 @@
 //! - `highwater nexmark -q q0 --kafka .. --to latest --discard` at 1 and 2
 //!   workers (the source and q0's decode, nothing written);
 //! - `highwater nexmark -q q0 --kafka .. --to latest --output-topic ..`
-//!   at 2 workers: Kafka to Kafka, at least once.
+//!   at 2 workers: Kafka to Kafka, at least once without checkpoints, then
+//!   with a checkpoint every second at least once and exactly once
+//!   (`--exactly-once`: the cost of the transactions and of keeping each
+//!   checkpoint's output in the store).
 //!
 //! Each measurement runs `--runs` times, interleaved; medians, and ratios
 //! against the raw consume rate of the same run.
@@ -150,6 +153,8 @@ fn main() {
         "q0 from Kafka, -w 1",
         "q0 from Kafka, -w 2",
         "q0 Kafka to Kafka, -w 2, at least once",
+        "q0 Kafka to Kafka, -w 2, at least once, checkpoint every 1 s",
+        "q0 Kafka to Kafka, -w 2, exactly once, checkpoint every 1 s",
     ]
     .into_iter()
     .map(|name| (name, Vec::new()))
@@ -199,6 +204,34 @@ fn main() {
             "2",
         ]);
         rows[5].1.push(field(&summary, "events/s"));
+        for (row, exactly_once) in [(6, false), (7, true)] {
+            let checkpoints = dir.join(format!("ck-{run}-{exactly_once}"));
+            let output = format!("out{run}-{exactly_once}");
+            let mut args = vec![
+                "nexmark",
+                "-q",
+                "q0",
+                "--kafka",
+                &brokers,
+                "--topic",
+                &topic,
+                "--to",
+                "latest",
+                "--output-topic",
+                &output,
+                "--checkpoint-interval",
+                "1s",
+                "--checkpoint-dir",
+                checkpoints.to_str().expect("utf-8 path"),
+            ];
+            if exactly_once {
+                args.push("--exactly-once");
+            }
+            args.extend(["--", "-w", "2"]);
+            let summary = highwater(&args);
+            rows[row].1.push(field(&summary, "events/s"));
+            let _ = std::fs::remove_dir_all(&checkpoints);
+        }
         eprintln!("run {run} done");
     }
     let raw_consume = median(rows[2].1.clone());

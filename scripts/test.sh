@@ -30,6 +30,22 @@ if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
     if [ -n "$policy_added" ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 
+# An MQTT broker for the MQTT tests: Debian's mosquitto (the tests start it
+# on free loopback ports with their own config, tests/common/mqtt.rs).
+if [ ! -x /usr/sbin/mosquitto ]; then
+    log "installing mosquitto (the broker of the MQTT tests)"
+    export DEBIAN_FRONTEND=noninteractive
+    policy_added=
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod +x /usr/sbin/policy-rc.d
+        policy_added=1
+    fi
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends mosquitto
+    if [ -n "$policy_added" ]; then rm -f /usr/sbin/policy-rc.d; fi
+fi
+
 # OpenSSL headers for the build (S3 checkpoint store).
 source scripts/setup.sh
 
@@ -87,7 +103,7 @@ HIGHWATER_STATE_BACKEND=encoded cargo test --workspace --release "${features[@]}
 # checks its own results; each connector feature builds on its own.
 log "a user's crate with default features off (tests/user-crate); each feature alone"
 user_tree=$(cargo tree --manifest-path tests/user-crate/Cargo.toml --locked -e normal,build --prefix none)
-forbidden='^(rocksdb|librocksdb-sys|rdkafka|rdkafka-sys|openssl|openssl-sys|native-tls|ring|aws-lc-sys|cc|cmake|bindgen|tokio|reqwest|object_store|postgres|clap|tracing-subscriber|mimalloc) '
+forbidden='^(rocksdb|librocksdb-sys|rdkafka|rdkafka-sys|rumqttc|openssl|openssl-sys|native-tls|ring|aws-lc-sys|cc|cmake|bindgen|tokio|reqwest|object_store|postgres|clap|tracing-subscriber|mimalloc) '
 if grep -E "$forbidden" <<<"$user_tree"; then
     echo "error: the crates above reach a user's build with default features off" >&2
     exit 1
@@ -98,7 +114,7 @@ cargo run --manifest-path tests/user-crate/Cargo.toml --locked --target-dir "${C
 rm -rf "$user_dir"
 # In the release profile, so that the C build of librdkafka (kafka) is the
 # one the tests made, not a second one.
-for feature in postgres s3 kafka; do
+for feature in postgres s3 kafka mqtt; do
     cargo check --release --lib --no-default-features --features "$feature"
 done
 

@@ -9,6 +9,7 @@
 
 mod collect;
 mod csv;
+mod encode;
 mod lines;
 mod parts;
 #[cfg(feature = "postgres")]
@@ -26,6 +27,7 @@ pub use self::postgres::{
 };
 pub use collect::{collect, Collected};
 pub use csv::{csv_field, CsvRow};
+pub use encode::{Encode, EncodeError, JsonEncoder, RawEncoder, TextEncoder};
 pub use lines::{write_json_lines, write_lines, LineSink, LineTarget, SinkMode};
 pub use parts::{write_parts, PartFiles, PartFormat};
 

@@ -19,8 +19,11 @@
 mod crash;
 #[path = "common/kafka.rs"]
 mod kafka;
+#[path = "../examples/kafka_fraud.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod kafka_fraud;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -799,4 +802,38 @@ fn exactly_once_kafka_output_survives_kills_between_manifest_and_commit_and_insi
     }
     run_ok(exactly_once_job(&brokers, &checkpoints, true, "1", None));
     same_rows(committed_rows(&brokers), &expected, "after the kill points");
+}
+
+/// `examples/kafka_fraud.rs` as its documentation says: the alerts it
+/// commits to `fraud-alerts` are the matches of the CEP golden file, once
+/// each for a `read_committed` reader, also after a second run (recovered
+/// from its final checkpoint: nothing again).
+#[test]
+fn the_kafka_fraud_example_alerts_once_per_golden_match() {
+    let broker = KafkaBroker::start();
+    let scratch = Scratch::new("kafka", "fraud");
+    let checkpoints = scratch.0.join("ck");
+    let checkpoints = checkpoints.to_str().unwrap();
+    let found = kafka_fraud::run(&broker.brokers(), checkpoints, false, &[]).unwrap();
+    let key = |alert: &serde_json::Value| (alert["card"].as_str().unwrap().to_owned(), alert["time"].as_u64().unwrap());
+    let golden: BTreeSet<(String, u64)> = include_str!("../examples/cep/fraud.expected.jsonl")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let m: serde_json::Value = serde_json::from_str(l).unwrap();
+            (m["key"].as_str().unwrap().to_owned(), m["match"]["large"][0]["time"].as_u64().unwrap())
+        })
+        .collect();
+    assert!(!golden.is_empty());
+    let of = |alerts: &[String]| -> Vec<(String, u64)> {
+        let mut keys: Vec<_> = alerts.iter().map(|a| key(&serde_json::from_str(a).unwrap())).collect();
+        keys.sort();
+        keys
+    };
+    assert_eq!(of(&found), golden.iter().cloned().collect::<Vec<_>>());
+    // A second run recovers from the final checkpoint and adds nothing.
+    let again = kafka_fraud::run(&broker.brokers(), checkpoints, true, &["-w".into(), "2".into()]).unwrap();
+    assert!(again.is_empty(), "{again:?}");
+    let committed = topic_records(&broker.brokers(), "fraud-alerts");
+    assert_eq!(of(&committed), golden.into_iter().collect::<Vec<_>>());
 }

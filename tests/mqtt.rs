@@ -14,6 +14,9 @@
 mod crash;
 #[path = "common/mqtt.rs"]
 mod mqtt;
+#[path = "../examples/mqtt_sensors.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod mqtt_sensors;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -415,4 +418,31 @@ fn a_broker_restarted_while_a_job_runs_loses_nothing() {
     }
     source.stop();
     job.join().unwrap();
+}
+
+/// `examples/mqtt_sensors.rs` as its documentation says (`--demo`): the
+/// alerts it publishes are the hot windows computed directly.
+#[test]
+fn the_mqtt_sensors_example_alerts_on_the_hot_windows() {
+    let broker = MqttBroker::start();
+    let watcher = subscriber(&broker.address(), "alert-watcher", "alerts/#");
+    let readings = mqtt_sensors::demo_readings(2_000);
+    let expected = mqtt_sensors::expected_alerts(&readings);
+    assert!(expected.len() > 3, "{} alerts: a vacuous test", expected.len());
+    let alerts = mqtt_sensors::run(&broker.address(), Some(readings)).unwrap();
+    let key = |a: &mqtt_sensors::Alert| (a.device.clone(), a.window_start, (a.average * 1e6).round() as i64);
+    let mut got: Vec<_> = alerts.iter().map(key).collect();
+    got.sort();
+    let mut want: Vec<_> = expected.iter().map(key).collect();
+    want.sort();
+    assert_eq!(got, want);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while watcher.lock().unwrap().len() < expected.len() {
+        assert!(Instant::now() < deadline, "{} of {} alerts published", watcher.lock().unwrap().len(), expected.len());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (topic, payload) in watcher.lock().unwrap().iter() {
+        let alert: mqtt_sensors::Alert = serde_json::from_str(payload).unwrap();
+        assert_eq!(topic, &format!("alerts/{}", alert.device));
+    }
 }

@@ -837,3 +837,64 @@ fn the_kafka_fraud_example_alerts_once_per_golden_match() {
     let committed = topic_records(&broker.brokers(), "fraud-alerts");
     assert_eq!(of(&committed), golden.into_iter().collect::<Vec<_>>());
 }
+
+/// Malformed records go to the dead-letter topic, with the reason and
+/// where they came from in headers, and the job reads everything else; the
+/// source's topic is a pattern (`^ev.*`), which leaves other topics alone.
+#[test]
+fn malformed_records_go_to_the_dead_letter_topic_and_a_topic_pattern_reads_its_topics() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    let broker = KafkaBroker::start();
+    let scratch = Scratch::new("kafka", "dead-letters");
+    let dir = &scratch.0;
+    let events = 20_000;
+    let file = events_file(dir, events);
+    // Events on partitions 0-2 of `events`; three malformed records on partition 3.
+    generate_to_kafka(&broker, "events", events);
+    let config = KafkaConfig::new(broker.brokers());
+    let bad: Vec<&[u8]> = vec![b"{not json", b"{\"unknown\": 1}", b"[1, 2"];
+    produce(&config, "events", &bad.iter().map(|b| (3, b.to_vec())).collect::<Vec<_>>());
+    // A topic the pattern does not match, holding garbage.
+    create_topic(&config, "other", 1).unwrap();
+    produce(&config, "other", &[(0, b"garbage".to_vec())]);
+    let brokers = broker.brokers();
+    let reference = dir.join("q1-file.csv");
+    run_ok(nexmark("q1", &["--input", file.to_str().unwrap()], &reference, &["-w", "1"]));
+    let out = dir.join("q1-kafka.csv");
+    let kafka = ["--kafka", &brokers, "--topic", "^ev.*", "--to", "latest", "--dead-letter-topic", "dlq"];
+    run_ok(nexmark("q1", &kafka, &out, &["-w", "2"]));
+    assert_eq!(rows_of(&out), rows_of(&reference), "the job read every event");
+
+    let consumer: BaseConsumer =
+        rdkafka::ClientConfig::new().set("bootstrap.servers", &brokers).set("group.id", "dlq-check").create().unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset("dlq", 0, rdkafka::Offset::Beginning).unwrap();
+    consumer.assign(&tpl).unwrap();
+    let mut letters = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while letters.len() < bad.len() && Instant::now() < deadline {
+        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+            let m = m.unwrap();
+            let headers: BTreeMap<String, String> = m
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| (h.key.to_owned(), String::from_utf8_lossy(h.value.unwrap_or(b"")).into_owned()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            letters.push((m.payload().unwrap_or_default().to_vec(), headers));
+        }
+    }
+    assert_eq!(letters.len(), bad.len(), "dead letters in the topic");
+    letters.sort_by_key(|(_, h)| h["highwater.offset"].parse::<u64>().unwrap());
+    for (offset, ((payload, headers), expected)) in letters.iter().zip(&bad).enumerate() {
+        assert_eq!(payload.as_slice(), *expected);
+        assert_eq!(headers["highwater.topic"], "events");
+        assert_eq!(headers["highwater.partition"], "3");
+        assert_eq!(headers["highwater.offset"], offset.to_string());
+        assert_eq!(headers["highwater.origin"], "kafka:events/3");
+        assert!(!headers["highwater.reason"].is_empty(), "{headers:?}");
+    }
+}

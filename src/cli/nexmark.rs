@@ -61,6 +61,12 @@ pub(super) struct NexmarkArgs {
     /// changelog, each record with a header `diff` (1 or -1).
     #[arg(long, value_name = "TOPIC", requires = "kafka", conflicts_with_all = ["output", "output_dir", "output_postgres", "discard"])]
     output_topic: Option<String>,
+    /// --kafka: also write the records that fail to decode to this topic
+    /// (created with one partition if missing): the record as it came, its
+    /// origin as the key, the reason, topic, partition and offset in
+    /// headers (`highwater.reason`, `highwater.topic`, ...).
+    #[arg(long, value_name = "TOPIC", requires = "kafka")]
+    dead_letter_topic: Option<String>,
     /// --output-topic: `csv` (the default) or `json`.
     #[arg(long, default_value = "csv", requires = "output_topic")]
     format: OutputFormat,
@@ -555,6 +561,14 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
         }
         _ => None,
     };
+    let dead_letter_topic = match (&args.kafka, &args.dead_letter_topic) {
+        (Some(brokers), Some(topic)) => {
+            let config = KafkaConfig::new(brokers.clone());
+            create_topic(&config, topic, 1).context("creating the dead-letter topic")?;
+            Some((config, topic.clone()))
+        }
+        _ => None,
+    };
     let (g, s) = (gauges.clone(), Arc::clone(&sinks));
     let report = job.run(move |worker| -> anyhow::Result<()> {
         let probe = ProbeHandle::new();
@@ -631,7 +645,16 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
                     write_lines(&rows, Some(header), target, mode)
                 }
             };
-            let dead = dead_letter_sink(&streams.dead_letters, dead_path.as_ref());
+            let mut dead: Vec<SinkHandle> =
+                dead_letter_sink(&streams.dead_letters, dead_path.as_ref()).into_iter().collect();
+            if let Some((config, topic)) = dead_letter_topic.as_ref() {
+                dead.push(crate::kafka::write_dead_letters(
+                    &streams.dead_letters,
+                    config.clone(),
+                    topic,
+                    "DeadLetterTopic",
+                )?);
+            }
             totals.iter().for_each(|t| t.count("rows", &handle.lines));
             if let Ok(mut sinks) = s.lock() {
                 sinks.0.push(handle);

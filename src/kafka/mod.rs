@@ -12,12 +12,14 @@
 //! feature in Cargo.toml for why.
 
 mod config;
+mod dead_letters;
 mod exactly_once;
 mod produce;
 mod sink;
 mod source;
 
 pub use config::{KafkaConfig, StartFrom, StopAt, DEFAULT_GROUP};
+pub use dead_letters::{dead_letter_headers, write_dead_letters};
 pub use produce::{create_topic, Producer};
 pub use sink::{Encode, EncodeError, JsonEncoder, KafkaSink, KafkaSinkMode, RawEncoder, TextEncoder};
 pub use source::{KafkaReader, KafkaSource, Message, MessageDecode, Stamped, WithTimestamp};

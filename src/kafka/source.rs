@@ -92,6 +92,11 @@ where
 
 /// A source over the partitions of Kafka topics.
 ///
+/// A topic that starts with `^` is a pattern (a regular expression, as in
+/// librdkafka and Kafka's own clients) matched against the whole name of
+/// every topic of the cluster when the source starts (`^payments-.*`);
+/// topics created later are read after a restart.
+///
 /// Each partition of each topic is a partition of the source (named
 /// `topic/partition`), spread over the workers of every process like any
 /// other source's, with its own watermark; an empty partition goes idle and
@@ -214,8 +219,33 @@ impl<M: MessageDecode> KafkaSource<M> {
             return Err(SourceError::Config("a kafka source needs at least one topic".to_owned()));
         }
         let consumer = self.consumer()?;
-        let mut all = Vec::new();
+        let mut topics: Vec<String> = Vec::new();
         for topic in &self.topics {
+            if !topic.starts_with('^') {
+                topics.push(topic.clone());
+                continue;
+            }
+            // A pattern: every topic of the cluster it matches, whole.
+            let pattern = regex::Regex::new(&format!("^(?:{})$", &topic[1..]))
+                .map_err(|e| SourceError::Config(format!("kafka topic pattern {topic}: {e}")))?;
+            let metadata = consumer
+                .fetch_metadata(None, self.config.timeout)
+                .map_err(|e| self.unavailable("the cluster's topics", e))?;
+            let mut matched: Vec<String> = metadata
+                .topics()
+                .iter()
+                .map(|t| t.name().to_owned())
+                .filter(|name| !name.starts_with("__") && pattern.is_match(name))
+                .collect();
+            if matched.is_empty() {
+                return Err(SourceError::Config(format!("kafka topic pattern {topic} matches no topic")));
+            }
+            matched.sort();
+            topics.extend(matched);
+        }
+        topics.dedup();
+        let mut all = Vec::new();
+        for topic in &topics {
             let metadata = consumer
                 .fetch_metadata(Some(topic.as_str()), self.config.timeout)
                 .map_err(|e| self.unavailable(&format!("metadata of topic {topic}"), e))?;

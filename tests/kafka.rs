@@ -898,3 +898,87 @@ fn malformed_records_go_to_the_dead_letter_topic_and_a_topic_pattern_reads_its_t
         assert!(!headers["highwater.reason"].is_empty(), "{headers:?}");
     }
 }
+
+/// Kappa: a live job follows a topic while clicks arrive in batches and the
+/// broker is killed (SIGKILL) and started again under it; it resumes and
+/// loses nothing. Then the same program replays the topic from the
+/// earliest offset to its end: the same windows as live, and both equal
+/// the naive count.
+#[test]
+fn a_live_job_survives_a_broker_restart_and_a_replay_from_earliest_equals_it() {
+    let mut broker = KafkaBroker::start();
+    let config = KafkaConfig::new(broker.brokers());
+    create_topic(&config, "clicks", 4).unwrap();
+    let all = clicks(20_000, 3);
+    let live_counts = Counts::default();
+    let read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let source = Arc::new(KafkaSource::new(config.clone(), ["clicks"], JsonDecoder::<Click>::new()));
+    let job = {
+        let (source, into, read) = (Arc::clone(&source), live_counts.clone(), Arc::clone(&read));
+        std::thread::spawn(move || {
+            Job::new(timely::Config::process(2))
+                .run(move |worker| {
+                    let read = Arc::clone(&read);
+                    worker.dataflow(|scope| {
+                        let clicks = FromSource::new(Arc::clone(&source), |c: &Click| c.time)
+                            .watermark(WatermarkStrategy::bounded(3.secs()))
+                            .build(scope)
+                            .unwrap();
+                        clicks.events.inspect(move |_| {
+                            read.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        });
+                        let counts = clicks
+                            .events
+                            .window(Tumbling::of(10.secs()))
+                            .key_by(|c: &Click| c.user.clone())
+                            .aggregate(Count)
+                            .results
+                            .map(|r| (r.key, r.window.start, r.value));
+                        collect(&counts, &into);
+                    });
+                    Ok::<_, String>(())
+                })
+                .unwrap()
+        })
+    };
+    let wait_read = |n: usize, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while read.load(std::sync::atomic::Ordering::SeqCst) < n {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {} of {n} clicks read",
+                read.load(std::sync::atomic::Ordering::SeqCst)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    for (i, batch) in all.chunks(5_000).enumerate() {
+        produce_clicks(&config, "clicks", batch);
+        wait_read((i + 1) * 5_000, "live");
+        if i == 1 {
+            broker.kill();
+            std::thread::sleep(Duration::from_millis(500));
+            broker.resume();
+        }
+    }
+    assert_eq!(read.load(std::sync::atomic::Ordering::SeqCst), all.len(), "no click read twice");
+    source.stop();
+    job.join().unwrap();
+    let live = as_map(live_counts.rows());
+    assert_eq!(live, naive_counts(&all), "the live run");
+
+    let replayed = Counts::default();
+    let into = replayed.clone();
+    let replay = Arc::new(
+        KafkaSource::new(config, ["clicks"], JsonDecoder::<Click>::new())
+            .start_from(StartFrom::Earliest)
+            .stop_at(StopAt::Latest),
+    );
+    Job::new(timely::Config::process(1))
+        .run(move |worker| {
+            worker.dataflow(|scope| count_windows(Arc::clone(&replay), scope, &into));
+            Ok::<_, String>(())
+        })
+        .unwrap();
+    assert_eq!(as_map(replayed.rows()), live, "the replay equals the live run");
+}

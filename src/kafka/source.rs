@@ -139,6 +139,7 @@ pub struct KafkaSource<M> {
     partitions: OnceLock<Vec<(String, i32)>>,
     /// The consumer that commits the group's offsets (the commit step).
     committer: Mutex<Option<BaseConsumer>>,
+    stopped: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// librdkafka settings of a source's consumers (the user's properties go
@@ -182,7 +183,15 @@ impl<M: MessageDecode> KafkaSource<M> {
             decode: Arc::new(decode),
             partitions: OnceLock::new(),
             committer: Mutex::new(None),
+            stopped: Arc::default(),
         }
+    }
+
+    /// Ends the stream: every reader returns [`ReadStatus::End`] at its
+    /// next read (a live job ends, its windows fire, its final checkpoint
+    /// is taken).
+    pub fn stop(&self) {
+        self.stopped.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Where to start a partition without a checkpoint's offset.
@@ -375,6 +384,7 @@ impl<M: MessageDecode> Source for KafkaSource<M> {
             next,
             end,
             last_error: None,
+            stopped: Arc::clone(&self.stopped),
         })
     }
 }
@@ -393,6 +403,8 @@ pub struct KafkaReader<M> {
     /// When an error was last logged (client errors repeat while a broker
     /// is down; librdkafka retries by itself).
     last_error: Option<Instant>,
+    /// The source was stopped.
+    stopped: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<M> std::fmt::Debug for KafkaReader<M> {
@@ -433,7 +445,7 @@ impl<M: MessageDecode> PartitionReader for KafkaReader<M> {
         out: &mut dyn FnMut(M::Record),
         dead: &mut Vec<DeadLetter>,
     ) -> Result<ReadStatus, SourceError> {
-        if self.ended() {
+        if self.ended() || self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(ReadStatus::End);
         }
         let mut read = 0;

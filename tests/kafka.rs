@@ -982,3 +982,36 @@ fn a_live_job_survives_a_broker_restart_and_a_replay_from_earliest_equals_it() {
         .unwrap();
     assert_eq!(as_map(replayed.rows()), live, "the replay equals the live run");
 }
+
+/// `highwater cep --kafka`: the fraud sample from a topic gives the CEP
+/// golden file's matches, on stdout and in the output topic.
+#[test]
+fn cep_over_kafka_gives_the_golden_matches_and_writes_them_to_a_topic() {
+    let broker = KafkaBroker::start();
+    let scratch = Scratch::new("kafka", "cep");
+    let config = KafkaConfig::new(broker.brokers());
+    create_topic(&config, "payments", 2).unwrap();
+    let producer = Producer::new(&config).unwrap();
+    for line in include_str!("../examples/cep/fraud.jsonl").lines().filter(|l| !l.trim().is_empty()) {
+        let card = serde_json::from_str::<serde_json::Value>(line).unwrap()["card"].as_str().unwrap().to_owned();
+        producer.send("payments", None, Some(card.as_bytes()), line.as_bytes()).unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+    let out = scratch.0.join("matches.jsonl");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["cep", "--pattern", concat!(env!("CARGO_MANIFEST_DIR"), "/examples/cep/fraud.cep"), "--key", "card"]);
+    cmd.args(["--kafka", &broker.brokers(), "--topic", "payments", "--to", "latest", "--output-topic", "matches"]);
+    cmd.arg("--output").arg(&out).args(["--", "-w", "2"]);
+    run_ok(cmd);
+    let sorted = |text: &str| {
+        let mut lines: Vec<String> = text.lines().filter(|l| !l.trim().is_empty()).map(str::to_owned).collect();
+        lines.sort();
+        lines
+    };
+    let golden = sorted(include_str!("../examples/cep/fraud.expected.jsonl"));
+    assert!(!golden.is_empty());
+    assert_eq!(sorted(&std::fs::read_to_string(&out).unwrap()), golden);
+    let mut in_topic = topic_records(&broker.brokers(), "matches");
+    in_topic.sort();
+    assert_eq!(in_topic, golden);
+}

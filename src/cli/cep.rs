@@ -12,6 +12,9 @@
 //! for a time-out, the end of its time bound), then key, matches before
 //! time-outs: the same whatever the number of workers. Events without a
 //! usable key or time are dead letters, reported on stderr with the reason.
+//!
+//! `--kafka BROKERS --topic T [--to latest]` reads the events from Kafka
+//! instead, and `--output-topic T2` also writes the lines to a topic.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -40,8 +43,30 @@ pub(super) struct CepArgs {
     #[arg(long, short)]
     pattern: PathBuf,
     /// JSON Lines input files, one event per line (`-` for stdin).
-    #[arg(long, short, num_args = 1.., required = true)]
+    #[arg(long, short, num_args = 1.., required_unless_present = "kafka", conflicts_with = "kafka")]
     input: Vec<PathBuf>,
+    /// Read the events from Kafka instead (`HOST:PORT[,...]`): one JSON
+    /// event per record of the --topic topics' partitions.
+    #[arg(long, value_name = "BROKERS", requires = "topic")]
+    kafka: Option<String>,
+    /// --kafka: the topics (a topic starting with `^` is a pattern).
+    #[arg(long, value_name = "TOPIC", num_args = 1.., requires = "kafka")]
+    topic: Vec<String>,
+    /// --kafka: where to start: earliest, latest, group or a timestamp in ms.
+    #[arg(long, default_value = "earliest", requires = "kafka")]
+    from: crate::kafka::StartFrom,
+    /// --kafka: `latest` reads up to the end offsets found at start, then
+    /// ends; `never` (the default) follows the topics.
+    #[arg(long, default_value = "never", requires = "kafka")]
+    to: crate::kafka::StopAt,
+    /// --kafka: the consumer group.
+    #[arg(long, default_value = crate::kafka::DEFAULT_GROUP, requires = "kafka")]
+    group: String,
+    /// --kafka: also write each match (the JSON line) to this topic
+    /// (created with 4 partitions if missing), keyed by the match's key,
+    /// at least once.
+    #[arg(long, value_name = "TOPIC", requires = "kafka")]
+    output_topic: Option<String>,
     /// The field that keys the events (matches are per key), e.g. `user` or `user.id`.
     #[arg(long, short)]
     key: String,
@@ -71,6 +96,12 @@ pub(super) struct CepArgs {
     /// Timely arguments: -w THREADS, -n PROCESSES, -p INDEX, -h HOSTFILE.
     #[arg(last = true)]
     timely: Vec<String>,
+}
+
+/// Where the events come from.
+enum Input {
+    Files(Arc<JsonLines<KeyedEventDecoder>>),
+    Kafka(Arc<crate::kafka::KafkaSource<KeyedEventDecoder>>),
 }
 
 /// A rendered match or time-out, with what orders the output.
@@ -188,13 +219,30 @@ pub(super) fn run(args: CepArgs) -> anyhow::Result<()> {
     let key = FieldPath::parse(&args.key).with_context(|| format!("in --key {:?}", args.key))?;
     let time = FieldPath::parse(&args.time_field).with_context(|| format!("in --time-field {:?}", args.time_field))?;
     let decoder = KeyedEventDecoder::new(key, time);
-    let source = if args.input.len() == 1 && args.input[0].as_os_str() == "-" {
-        JsonLines::stdin(decoder)
-    } else {
-        JsonLines::files(&args.input, decoder).context("opening the input")?
-    }
-    .max_record_size(args.max_record_size);
-    let source = Arc::new(source);
+    let source = match &args.kafka {
+        Some(brokers) => {
+            let config = crate::kafka::KafkaConfig::new(brokers.clone()).group(args.group.clone());
+            Input::Kafka(Arc::new(
+                crate::kafka::KafkaSource::new(config, args.topic.clone(), decoder)
+                    .start_from(args.from)
+                    .stop_at(args.to),
+            ))
+        }
+        None if args.input.len() == 1 && args.input[0].as_os_str() == "-" => {
+            Input::Files(Arc::new(JsonLines::stdin(decoder).max_record_size(args.max_record_size)))
+        }
+        None => Input::Files(Arc::new(
+            JsonLines::files(&args.input, decoder).context("opening the input")?.max_record_size(args.max_record_size),
+        )),
+    };
+    let output_topic = match (&args.kafka, &args.output_topic) {
+        (Some(brokers), Some(topic)) => {
+            let config = crate::kafka::KafkaConfig::new(brokers.clone());
+            crate::kafka::create_topic(&config, topic, 4).context("creating the output topic")?;
+            Some((config, topic.clone()))
+        }
+        _ => None,
+    };
     let options = SourceOptions {
         name: "Events".into(),
         watermark: WatermarkStrategy::bounded(args.watermark_delay.0),
@@ -207,7 +255,11 @@ pub(super) fn run(args: CepArgs) -> anyhow::Result<()> {
     let (show_timeouts, output, dead_path) = (args.timeouts, args.output.clone(), args.dead_letters.clone());
     let guards = crate::cluster::execute(config, move |worker| -> anyhow::Result<()> {
         worker.dataflow::<Timestamp, _, _>(|scope| -> anyhow::Result<()> {
-            let streams = read(scope, Arc::clone(&source), |e: &KeyedEvent| e.time, options.clone(), &m, None)?;
+            let time = |e: &KeyedEvent| e.time;
+            let streams = match &source {
+                Input::Files(s) => read(scope, Arc::clone(s), time, options.clone(), &m, None)?,
+                Input::Kafka(s) => read(scope, Arc::clone(s), time, options.clone(), &m, None)?,
+            };
             let pattern = program.pattern_with(|e: &KeyedEvent| &e.value);
             let found = streams.events.match_pattern(|e: &KeyedEvent| e.key.clone(), pattern)?;
             if let Ok(mut late) = c.late.lock() {
@@ -228,6 +280,16 @@ pub(super) fn run(args: CepArgs) -> anyhow::Result<()> {
                 OrderedLines::open(output.as_ref())
             });
             let mut handles = vec![handle];
+            if let Some((config, topic)) = output_topic.as_ref() {
+                let found = lines.concat(&timed_out);
+                handles.push(
+                    crate::kafka::KafkaSink::new(config.clone(), topic.clone(), crate::kafka::TextEncoder)
+                        .key(|f: &String| {
+                            serde_json::from_str::<Value>(f).ok().map(|v| v["key"].to_string().into_bytes())
+                        })
+                        .write(&found.map(|f: Found| f.line), "CepTopic")?,
+                );
+            }
             match &dead_path {
                 Some(path) => handles.push(write_json_lines(
                     &streams.dead_letters,

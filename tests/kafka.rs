@@ -683,6 +683,17 @@ fn exactly_once_job(brokers: &str, checkpoints: &Path, recover: bool, workers: &
     cmd
 }
 
+/// The id of the newest complete checkpoint in a local checkpoint
+/// directory (one with its manifest).
+fn newest_manifest(checkpoints: &Path) -> Option<u64> {
+    std::fs::read_dir(checkpoints)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("MANIFEST").exists())
+        .filter_map(|e| e.file_name().to_str()?.trim_start_matches(|c: char| !c.is_ascii_digit()).parse().ok())
+        .max()
+}
+
 /// q8's rows of an uninterrupted run over topic `events`, sorted.
 fn q8_reference(brokers: &str, dir: &Path) -> Vec<String> {
     let reference = dir.join("plain.csv");
@@ -755,7 +766,18 @@ fn exactly_once_kafka_to_kafka_through_random_sigkills_onto_other_worker_counts(
             assert!(out.status.success(), "the last run: {}", String::from_utf8_lossy(&out.stderr));
             break;
         }
-        std::thread::sleep(rng.millis(150, 900));
+        // Every kill lands after the run made a checkpoint of its own (its
+        // commit, or the next one's, is under way): a run killed while it
+        // starts up would test nothing.
+        let before = newest_manifest(&checkpoints);
+        let waited = Instant::now();
+        while newest_manifest(&checkpoints) == before
+            && child.try_wait().unwrap().is_none()
+            && waited.elapsed() < Duration::from_secs(120)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(rng.millis(0, 600));
         if child.try_wait().unwrap().is_some() {
             let out = child.wait_with_output().unwrap();
             assert!(out.status.success(), "run {runs}: {}", String::from_utf8_lossy(&out.stderr));

@@ -243,64 +243,122 @@ impl TransactionalCommitter {
         format!("{}-{shard}", self.prefix)
     }
 
-    /// The last checkpoint the shard committed, from the progress topic
-    /// (read `read_committed`: up to the first open transaction, which is
-    /// why the shard's own producer, which aborts the shard's, is
-    /// initialized first).
-    fn committed_checkpoint(&self, transactional_id: &str) -> Result<CheckpointId, KafkaError> {
+    /// Reads the progress topic's records from the last
+    /// [`PROGRESS_WINDOW`] up to its high watermark, handing each key and
+    /// value to `each`. `read_committed` sees the committed records, up to
+    /// the first open transaction: it is read after every transaction the
+    /// topic names has been fenced, when the end is the high watermark. An
+    /// end not reached within the timeout is an error, never a guess (a
+    /// stale answer would produce a part again).
+    fn read_progress(&self, committed: bool, mut each: impl FnMut(&[u8], &[u8])) -> Result<(), KafkaError> {
         let what = format!("reading {}", self.progress_topic);
+        let fail = |e| KafkaError::client(&self.config.brokers, &what, e);
+        let isolation = if committed { "read_committed" } else { "read_uncommitted" };
         let consumer: BaseConsumer = self
             .config
             .client(&[
-                ("isolation.level", "read_committed"),
+                ("isolation.level", isolation),
                 ("enable.auto.commit", "false"),
                 ("receive.message.max.bytes", "2147483647"),
             ])
             .set("group.id", &self.config.group)
             .create()
-            .map_err(|e| KafkaError::client(&self.config.brokers, &what, e))?;
-        let (low, high) = consumer
-            .fetch_watermarks(&self.progress_topic, 0, self.config.timeout)
-            .map_err(|e| KafkaError::client(&self.config.brokers, &what, e))?;
+            .map_err(fail)?;
+        let (low, high) = consumer.fetch_watermarks(&self.progress_topic, 0, self.config.timeout).map_err(fail)?;
         if high <= low {
-            return Ok(0);
+            return Ok(());
         }
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&self.progress_topic, 0, KafkaOffset::Offset(low.max(high - PROGRESS_WINDOW)))
-            .map_err(|e| KafkaError::client(&self.config.brokers, &what, e))?;
-        consumer.assign(&tpl).map_err(|e| KafkaError::client(&self.config.brokers, &what, e))?;
-        let mut last = 0;
-        // The end: the high watermark, or the first open transaction (of
-        // another shard: commits are made one at a time, so the shard's own
-        // committed records all lie before it); nothing new for a while
-        // means the latter.
-        let mut idle_since = std::time::Instant::now();
+            .map_err(fail)?;
+        consumer.assign(&tpl).map_err(fail)?;
+        tracing::debug!(topic = %self.progress_topic, isolation, low, high, "reading the progress topic");
+        let deadline = std::time::Instant::now() + self.timeout;
         loop {
             match consumer.poll(Duration::from_millis(50)) {
                 Some(Ok(m)) => {
-                    if m.key() == Some(transactional_id.as_bytes()) {
-                        let id = m.payload().and_then(|p| std::str::from_utf8(p).ok()).and_then(|p| p.parse().ok());
-                        last = id.unwrap_or(last);
+                    if let (Some(key), Some(value)) = (m.key(), m.payload()) {
+                        each(key, value);
                     }
                     if m.offset() + 1 >= high {
-                        return Ok(last);
+                        tracing::debug!(topic = %self.progress_topic, isolation, "progress topic read");
+                        return Ok(());
                     }
-                    idle_since = std::time::Instant::now();
                 }
-                Some(Err(e)) => return Err(KafkaError::client(&self.config.brokers, &what, e)),
+                Some(Err(e)) => return Err(fail(e)),
                 None => {
+                    // The last records may be transaction markers, which a
+                    // reader never sees: the position moves past them.
                     let position = consumer.position().ok().and_then(|p| {
                         match p.find_partition(&self.progress_topic, 0)?.offset() {
                             KafkaOffset::Offset(o) => Some(o),
                             _ => None,
                         }
                     });
-                    if position.is_some_and(|p| p >= high) || idle_since.elapsed() > Duration::from_secs(1) {
-                        return Ok(last);
+                    if position.is_some_and(|p| p >= high) {
+                        tracing::debug!(topic = %self.progress_topic, isolation, ?position, "progress topic read");
+                        return Ok(());
                     }
                 }
             }
+            if std::time::Instant::now() > deadline {
+                return Err(KafkaError::Timeout {
+                    what: format!(
+                        "{what} ({isolation}) up to offset {high} (a transaction of a producer outside this job \
+                         is open?)"
+                    ),
+                    after: self.timeout,
+                });
+            }
         }
+    }
+
+    /// The shards the progress topic names (its keys `{prefix}-{shard}`,
+    /// committed or not).
+    fn named_shards(&self) -> Result<Vec<u32>, KafkaError> {
+        let mut shards = std::collections::BTreeSet::new();
+        let prefix = format!("{}-", self.prefix);
+        self.read_progress(false, |key, _| {
+            let shard = std::str::from_utf8(key).ok().and_then(|k| k.strip_prefix(&prefix)?.parse::<u32>().ok());
+            shards.extend(shard);
+        })?;
+        Ok(shards.into_iter().collect())
+    }
+
+    /// Readies the producer of `shard`, and first of every other shard the
+    /// progress topic names that has none yet: each new producer fences its
+    /// transactional id and aborts the transaction a killed process left
+    /// open (a shard a recovery on fewer workers does not run included:
+    /// its open transaction would hide every later commit from
+    /// `read_committed` readers). Then reads each shard's last committed
+    /// checkpoint.
+    fn ready(&self, shards: &mut BTreeMap<u32, Shard>, shard: u32) -> Result<(), CheckpointError> {
+        let mut wanted = self.named_shards().map_err(|e| self.error("reading the progress topic", e))?;
+        wanted.push(shard);
+        let mut fresh = BTreeMap::new();
+        for s in wanted {
+            if shards.contains_key(&s) || fresh.contains_key(&s) {
+                continue;
+            }
+            let id = self.transactional_id(s);
+            let producer = Producer::transactional(&self.config, &id, self.timeout)
+                .map_err(|e| self.error("starting a transactional producer", e))?;
+            fresh.insert(s, producer);
+        }
+        let mut committed: BTreeMap<Vec<u8>, CheckpointId> = BTreeMap::new();
+        self.read_progress(true, |key, value| {
+            if let Some(id) = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok()) {
+                committed.insert(key.to_vec(), id);
+            }
+        })
+        .map_err(|e| self.error("reading the progress topic", e))?;
+        for (s, producer) in fresh {
+            let id = self.transactional_id(s);
+            let committed = committed.get(id.as_bytes()).copied().unwrap_or(0);
+            tracing::debug!(sink = %self.sink, transactional_id = id, committed, "transactional producer ready");
+            shards.insert(s, Shard { producer, committed });
+        }
+        Ok(())
     }
 
     /// Produces `bytes` (a part of checkpoint `id`) and the progress record
@@ -313,18 +371,10 @@ impl TransactionalCommitter {
         bytes: &[u8],
     ) -> Result<(), CheckpointError> {
         let transactional_id = self.transactional_id(shard);
-        let state = match shards.entry(shard) {
-            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::btree_map::Entry::Vacant(e) => {
-                let producer = Producer::transactional(&self.config, &transactional_id, self.timeout)
-                    .map_err(|e| self.error("starting the transactional producer", e))?;
-                let committed = self
-                    .committed_checkpoint(&transactional_id)
-                    .map_err(|e| self.error("reading the progress topic", e))?;
-                tracing::debug!(sink = %self.sink, transactional_id, committed, "transactional producer ready");
-                e.insert(Shard { producer, committed })
-            }
-        };
+        if !shards.contains_key(&shard) {
+            self.ready(shards, shard)?;
+        }
+        let state = shards.get_mut(&shard).expect("readied");
         if state.committed >= id {
             tracing::debug!(sink = %self.sink, transactional_id, id, "part committed before");
             return Ok(());

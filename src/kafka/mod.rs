@@ -45,6 +45,14 @@ pub enum KafkaError {
     /// An administrative request failed.
     #[error("kafka: {0}")]
     Admin(String),
+    /// Something did not finish in time.
+    #[error("kafka: {what}: not done after {after:?}")]
+    Timeout {
+        /// What was being done.
+        what: String,
+        /// How long it was given.
+        after: std::time::Duration,
+    },
 }
 
 impl KafkaError {

@@ -1,5 +1,6 @@
 //! Source watermarks: the minimum over partitions, with idle partitions left out.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -114,4 +115,102 @@ fn idle_partition_stops_holding_the_watermark_2w() {
 #[test]
 fn idle_partition_stops_holding_the_watermark_3w() {
     idle_partition_stops_holding_the_watermark(3)
+}
+
+/// Partition 0 has records at 0..10 s at once; partition 1 has the same
+/// records, but its reader has nothing for `wait` first and says
+/// `waiting` meanwhile.
+struct Slow {
+    wait: Duration,
+    waiting: ReadStatus,
+    started: Instant,
+}
+
+struct SlowReader {
+    times: std::vec::IntoIter<u64>,
+    until: Option<(Instant, ReadStatus)>,
+}
+
+impl PartitionReader for SlowReader {
+    type Record = u64;
+    fn read(
+        &mut self,
+        max: usize,
+        out: &mut dyn FnMut(u64),
+        _: &mut Vec<DeadLetter>,
+    ) -> Result<ReadStatus, SourceError> {
+        if let Some((until, waiting)) = self.until {
+            if Instant::now() < until {
+                return Ok(waiting);
+            }
+        }
+        self.times.by_ref().take(max).for_each(out);
+        Ok(if self.times.len() == 0 { ReadStatus::End } else { ReadStatus::Data })
+    }
+    fn offset(&self) -> Offset {
+        0
+    }
+}
+
+impl Source for Slow {
+    type Record = u64;
+    type Reader = SlowReader;
+    fn partitions(&self) -> Result<Vec<String>, SourceError> {
+        Ok(vec!["quick".into(), "slow".into()])
+    }
+    fn open(&self, index: usize, _from: Option<Offset>) -> Result<SlowReader, SourceError> {
+        let times = (0..10_000).step_by(100).collect::<Vec<u64>>().into_iter();
+        Ok(SlowReader { times, until: (index == 1).then(|| (self.started + self.wait, self.waiting)) })
+    }
+}
+
+/// The records of a 1 s tumbling count over [`Slow`] that came late, and
+/// the final count of each window.
+fn slow_partition_counts(waiting: ReadStatus, workers: usize) -> (u64, BTreeMap<u64, i64>) {
+    let source = Arc::new(Slow { wait: Duration::from_millis(600), waiting, started: Instant::now() });
+    let counts = Arc::new(Mutex::new(BTreeMap::new()));
+    let late = Arc::new(Mutex::new(0));
+    let (c, l) = (Arc::clone(&counts), Arc::clone(&late));
+    // An idle timeout far below the slow partition's wait.
+    let options = SourceOptions {
+        watermark: WatermarkStrategy::bounded(0),
+        idle_timeout: Some(Duration::from_millis(50)),
+        batch_size: 10,
+        ..Default::default()
+    };
+    timely::execute(timely::Config::process(workers), move |worker| {
+        let (source, counts, late, options) = (Arc::clone(&source), Arc::clone(&c), Arc::clone(&l), options.clone());
+        worker.dataflow(|scope| {
+            let times = read(scope, source, |t: &u64| *t, options, &SourceMetrics::default(), None).unwrap();
+            let windowed = times.events.window(Tumbling::of(1_000)).aggregate(Count);
+            windowed.results.inner.inspect(move |(r, _, diff)| {
+                *counts.lock().unwrap().entry(r.window.start).or_insert(0) += r.value as i64 * *diff;
+            });
+            windowed.late.stream.inner.inspect(move |_| *late.lock().unwrap() += 1);
+        });
+    })
+    .unwrap()
+    .join()
+    .into_iter()
+    .for_each(|r| r.unwrap());
+    let late = *late.lock().unwrap();
+    let counts = counts.lock().unwrap().clone();
+    (late, counts)
+}
+
+/// A partition whose reader knows it has records it has not read yet
+/// (`Behind`: a Kafka partition whose end offset lies past its position,
+/// under a slow broker) is not idle however long it waits: every one of
+/// its records counts in its window. The same wait said as `Idle` makes
+/// the partition idle, the watermark passes its records, and they are late
+/// (which shows that the test can fail).
+#[test]
+fn a_partition_behind_its_end_holds_the_watermark_however_long_it_waits() {
+    let full: BTreeMap<u64, i64> = (0..10).map(|w| (w * 1_000, 20)).collect();
+    for workers in [1, 2] {
+        let (late, counts) = slow_partition_counts(ReadStatus::Behind, workers);
+        assert_eq!((late, &counts), (0, &full), "{workers} workers");
+        let (late, counts) = slow_partition_counts(ReadStatus::Idle, workers);
+        assert!(late > 0 && counts != full, "idle: {late} late, {counts:?}");
+    }
 }

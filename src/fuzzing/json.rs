@@ -92,7 +92,7 @@ fn drain<R: PartitionReader<Record = Click>>(
         match status {
             ReadStatus::Data => {}
             ReadStatus::End => return,
-            ReadStatus::Idle => panic!("a file block read Idle"),
+            status @ (ReadStatus::Idle | ReadStatus::Behind) => panic!("a file block read {status:?}"),
         }
     }
 }

@@ -377,6 +377,8 @@ impl<M: MessageDecode> Source for KafkaSource<M> {
         tracing::debug!(topic, partition, next, ?end, "kafka partition opened");
         Ok(KafkaReader {
             origin: format!("kafka:{topic}/{partition}"),
+            c_topic: std::ffi::CString::new(topic.as_str())
+                .map_err(|e| SourceError::Config(format!("topic {topic:?}: {e}")))?,
             consumer,
             decode: Arc::clone(&self.decode),
             topic,
@@ -394,6 +396,8 @@ pub struct KafkaReader<M> {
     consumer: BaseConsumer,
     decode: Arc<M>,
     topic: String,
+    /// The topic, for librdkafka's C interface.
+    c_topic: std::ffi::CString,
     partition: i32,
     origin: String,
     /// The offset of the next record.
@@ -425,6 +429,40 @@ impl<M> KafkaReader<M> {
         match position.find_partition(&self.topic, self.partition)?.offset() {
             KafkaOffset::Offset(o) => Some(o),
             _ => None,
+        }
+    }
+
+    /// The partition's end offset as the broker last reported it (in a
+    /// fetch response; no request is made), if any was.
+    fn cached_high_watermark(&self) -> Option<i64> {
+        let (mut low, mut high) = (-1i64, -1i64);
+        // SAFETY: the client pointer lives as long as `self.consumer`; the
+        // topic is a NUL-terminated string that outlives the call; `low`
+        // and `high` are valid for writes. librdkafka only reads its cache.
+        let err = unsafe {
+            rdkafka::bindings::rd_kafka_get_watermark_offsets(
+                self.consumer.client().native_ptr(),
+                self.c_topic.as_ptr(),
+                self.partition,
+                &mut low,
+                &mut high,
+            )
+        };
+        (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0).then_some(high)
+    }
+
+    /// Whether the partition is known to hold records not yet read: a
+    /// bounded read before its end, or a live one whose fetch position lies
+    /// below the end offset the broker last reported (the position, not the
+    /// next record's offset: a transaction's commit marker takes an offset
+    /// but is no record).
+    fn behind(&self) -> bool {
+        if let Some(end) = self.end {
+            return self.next < end;
+        }
+        match (self.cached_high_watermark(), self.position()) {
+            (Some(high), Some(position)) => position < high,
+            _ => false,
         }
     }
 
@@ -495,6 +533,8 @@ impl<M: MessageDecode> PartitionReader for KafkaReader<M> {
             ReadStatus::Data
         } else if self.ended() {
             ReadStatus::End
+        } else if self.behind() {
+            ReadStatus::Behind
         } else {
             ReadStatus::Idle
         })

@@ -38,8 +38,15 @@ pub type Offset = u64;
 pub enum ReadStatus {
     /// Records (or dead letters) were read; more may follow at once.
     Data,
-    /// Nothing right now; more may come later (live sources).
+    /// Nothing right now; more may come later (live sources). A partition
+    /// that says so for the source's idle timeout is idle: it stops holding
+    /// the watermark back.
     Idle,
+    /// Nothing right now, but the partition is known to hold more records
+    /// than were read (a broker reported a higher end offset): it is slow,
+    /// not idle, and keeps holding the watermark back however long it
+    /// takes, so that its records are not late when they come.
+    Behind,
     /// The partition is exhausted (bounded sources).
     End,
 }

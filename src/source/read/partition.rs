@@ -221,7 +221,9 @@ impl<R: PartitionReader> Partition<R> {
             self.idle = true;
             self.done = true;
             self.held_back.take().into_iter().for_each(|t| self.watermark.observe(t));
-        } else if self.failed {
+        } else if self.failed || status == ReadStatus::Behind {
+            // A failed partition holds the watermark where it is; one
+            // behind its known end is slow, not idle.
             self.idle = false;
         } else if status == ReadStatus::Idle && self.watermark.is_idle(now) {
             self.idle = true;

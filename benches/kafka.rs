@@ -169,67 +169,27 @@ fn main() {
         highwater(&["generate", "--events", &n, "--kafka", &brokers, "--topic", &topic, "--partitions", &p]);
         rows[1].1.push(events as f64 / start.elapsed().as_secs_f64());
         rows[2].1.push(raw_consume(&brokers, &topic, partitions));
+        // q0 from the topic, with `extra` options, on `workers` workers;
+        // its events per second.
+        let q0 = |extra: &[&str], workers: &str| {
+            let mut args = vec!["nexmark", "-q", "q0", "--kafka", &brokers, "--topic", &topic, "--to", "latest"];
+            args.extend_from_slice(extra);
+            args.extend(["--", "-w", workers]);
+            field(&highwater(&args), "events/s")
+        };
         for (row, workers) in [(3, "1"), (4, "2")] {
-            let summary = highwater(&[
-                "nexmark",
-                "-q",
-                "q0",
-                "--kafka",
-                &brokers,
-                "--topic",
-                &topic,
-                "--to",
-                "latest",
-                "--discard",
-                "--",
-                "-w",
-                workers,
-            ]);
-            rows[row].1.push(field(&summary, "events/s"));
+            rows[row].1.push(q0(&["--discard"], workers));
         }
-        let summary = highwater(&[
-            "nexmark",
-            "-q",
-            "q0",
-            "--kafka",
-            &brokers,
-            "--topic",
-            &topic,
-            "--to",
-            "latest",
-            "--output-topic",
-            &format!("out{run}"),
-            "--",
-            "-w",
-            "2",
-        ]);
-        rows[5].1.push(field(&summary, "events/s"));
+        rows[5].1.push(q0(&["--output-topic", &format!("out{run}")], "2"));
         for (row, exactly_once) in [(6, false), (7, true)] {
             let checkpoints = dir.join(format!("ck-{run}-{exactly_once}"));
             let output = format!("out{run}-{exactly_once}");
-            let mut args = vec![
-                "nexmark",
-                "-q",
-                "q0",
-                "--kafka",
-                &brokers,
-                "--topic",
-                &topic,
-                "--to",
-                "latest",
-                "--output-topic",
-                &output,
-                "--checkpoint-interval",
-                "1s",
-                "--checkpoint-dir",
-                checkpoints.to_str().expect("utf-8 path"),
-            ];
+            let mut extra = vec!["--output-topic", &output, "--checkpoint-interval", "1s", "--checkpoint-dir"];
+            extra.push(checkpoints.to_str().expect("utf-8 path"));
             if exactly_once {
-                args.push("--exactly-once");
+                extra.push("--exactly-once");
             }
-            args.extend(["--", "-w", "2"]);
-            let summary = highwater(&args);
-            rows[row].1.push(field(&summary, "events/s"));
+            rows[row].1.push(q0(&extra, "2"));
             let _ = std::fs::remove_dir_all(&checkpoints);
         }
         eprintln!("run {run} done");

@@ -13,37 +13,33 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
     rustup component add rustfmt clippy
 fi
 
-# PostgreSQL server binaries for the CDC tests, which start throwaway clusters
-# of their own (no system service is started here).
-if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
-    log "installing PostgreSQL (for the CDC tests)"
+# Installs Debian packages whose services must not start (the tests start
+# their own servers): a policy-rc.d that forbids it, for the install only.
+apt_install() {
     export DEBIAN_FRONTEND=noninteractive
-    # The package would start its default cluster as a service: forbid that.
-    policy_added=
+    local policy_added=
     if [ ! -e /usr/sbin/policy-rc.d ]; then
         printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
         chmod +x /usr/sbin/policy-rc.d
         policy_added=1
     fi
     apt-get update -q
-    apt-get install -y -q --no-install-recommends postgresql
+    apt-get install -y -q --no-install-recommends "$@"
     if [ -n "$policy_added" ]; then rm -f /usr/sbin/policy-rc.d; fi
+}
+
+# PostgreSQL server binaries for the CDC tests, which start throwaway clusters
+# of their own (no system service is started here).
+if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+    log "installing PostgreSQL (for the CDC tests)"
+    apt_install postgresql
 fi
 
 # An MQTT broker for the MQTT tests: Debian's mosquitto (the tests start it
 # on free loopback ports with their own config, tests/common/mqtt.rs).
 if [ ! -x /usr/sbin/mosquitto ]; then
     log "installing mosquitto (the broker of the MQTT tests)"
-    export DEBIAN_FRONTEND=noninteractive
-    policy_added=
-    if [ ! -e /usr/sbin/policy-rc.d ]; then
-        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-        chmod +x /usr/sbin/policy-rc.d
-        policy_added=1
-    fi
-    apt-get update -q
-    apt-get install -y -q --no-install-recommends mosquitto
-    if [ -n "$policy_added" ]; then rm -f /usr/sbin/policy-rc.d; fi
+    apt_install mosquitto
 fi
 
 # OpenSSL headers for the build (S3 checkpoint store).

@@ -27,7 +27,7 @@ mod crash;
 mod pg;
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -116,13 +116,7 @@ fn connect(url: &str) -> postgres::Client {
 
 /// Starts the job as a child process; its log goes to `log`.
 fn start_job(spec: &str, log: &std::path::Path) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["child_job", "--exact", "--ignored", "--nocapture", "--test-threads", "1"])
-        .env("HW_CDC_CHILD", spec)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap()
+    crash::start_child_job("HW_CDC_CHILD", spec, log)
 }
 
 /// The rows of a sink table, as text.

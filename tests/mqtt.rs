@@ -20,7 +20,7 @@ mod mqtt_sensors;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -286,13 +286,7 @@ fn child_job() {
 }
 
 fn start_child(spec: &str, log: &Path) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["child_job", "--exact", "--ignored", "--nocapture", "--test-threads", "1"])
-        .env("HW_MQTT_CHILD", spec)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap()
+    crash::start_child_job("HW_MQTT_CHILD", spec, log)
 }
 
 /// The ids in the committed part files of `output`.

@@ -30,7 +30,7 @@ pub struct KafkaConfig {
     /// settings.
     pub properties: BTreeMap<String, String>,
     /// How long a metadata or offset request may take before it fails.
-    #[serde(with = "millis")]
+    #[serde(with = "highwater_operators::time::duration_text")]
     pub timeout: Duration,
 }
 
@@ -69,20 +69,6 @@ impl KafkaConfig {
             config.set(k, v);
         }
         config
-    }
-}
-
-mod millis {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(d.as_millis() as u64)
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        Ok(Duration::from_millis(u64::deserialize(d)?))
     }
 }
 

@@ -20,7 +20,8 @@ use super::config::KafkaConfig;
 use super::exactly_once::{PartWriter, TransactionalCommitter};
 use super::produce::Producer;
 use super::KafkaError;
-use crate::checkpoint::{CheckpointError, Checkpoints, SinkCommitter, SinkPart, SinkSubmission};
+use crate::checkpoint::{Checkpoints, SinkSubmission};
+use crate::sink::at_least_once::AtLeastOnce;
 pub use crate::sink::{Encode, EncodeError, JsonEncoder, RawEncoder, TextEncoder};
 use crate::sink::{SinkError, SinkHandle};
 
@@ -182,7 +183,11 @@ impl<T: Data, E: Encode<T>> KafkaSink<T, E> {
         let checkpoints = Checkpoints::of(&stream.scope());
         match (checkpoints.as_ref(), self.exactly_once.as_ref()) {
             (Some(c), None) => c
-                .register_sink(name, worker, Arc::new(Flushed { topic: self.topic.clone() }))
+                .register_sink(
+                    name,
+                    worker,
+                    Arc::new(AtLeastOnce { kind: "kafka-at-least-once", target: self.topic.clone() }),
+                )
                 .map_err(|e| KafkaError::Admin(format!("sink {name}: {e}")))?,
             (Some(c), Some(eo)) => {
                 let progress =
@@ -413,34 +418,5 @@ impl<T: Data, E: Encode<T>> SinkState<T, E> {
             Some(producer) => producer.flush(self.sink.flush_timeout).map_err(|e| self.error(e)),
             None => Ok(()),
         }
-    }
-}
-
-/// The committer of the at-least-once sink: its output is durable when it
-/// hands in its share (it flushed), so there is nothing to prepare, commit
-/// or abort.
-#[derive(Debug)]
-struct Flushed {
-    topic: String,
-}
-
-impl SinkCommitter for Flushed {
-    fn prepare(&self, _id: CheckpointId, _part: Option<(&[u8], u64)>) -> Result<SinkPart, CheckpointError> {
-        Ok(SinkPart {
-            sink: String::new(),
-            kind: "kafka-at-least-once".to_owned(),
-            target: self.topic.clone(),
-            pending: String::new(),
-            committed: String::new(),
-            rows: 0,
-        })
-    }
-
-    fn commit(&self, _part: &SinkPart) -> Result<(), CheckpointError> {
-        Ok(())
-    }
-
-    fn abort_after(&self, _id: CheckpointId) -> Result<(), CheckpointError> {
-        Ok(())
     }
 }

@@ -28,10 +28,10 @@ pub struct MqttConfig {
     /// User name and password, if the broker wants them.
     pub credentials: Option<(String, String)>,
     /// The keep-alive interval.
-    #[serde(with = "millis")]
+    #[serde(with = "highwater_operators::time::duration_text")]
     pub keep_alive: Duration,
     /// The longest wait between reconnection attempts.
-    #[serde(with = "millis")]
+    #[serde(with = "highwater_operators::time::duration_text")]
     pub max_backoff: Duration,
     /// The largest packet accepted or sent, in bytes.
     pub max_packet_size: usize,
@@ -77,19 +77,5 @@ impl MqttConfig {
             options.set_credentials(user.clone(), password.clone());
         }
         options
-    }
-}
-
-mod millis {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(d.as_millis() as u64)
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        Ok(Duration::from_millis(u64::deserialize(d)?))
     }
 }

@@ -16,7 +16,8 @@ use timely::dataflow::operators::generic::Operator;
 
 use super::config::MqttConfig;
 use super::MqttError;
-use crate::checkpoint::{CheckpointError, Checkpoints, SinkCommitter, SinkPart, SinkSubmission};
+use crate::checkpoint::{Checkpoints, SinkSubmission};
+use crate::sink::at_least_once::AtLeastOnce;
 use crate::sink::{Encode, SinkError, SinkHandle};
 
 type TopicFn<T> = Box<dyn Fn(&T) -> String>;
@@ -126,8 +127,12 @@ impl<T: Data, E: Encode<T>> MqttSink<T, E> {
             })?;
         let checkpoints = Checkpoints::of(&stream.scope());
         if let Some(c) = checkpoints.as_ref() {
-            c.register_sink(name, worker, Arc::new(Acknowledged { broker: self.config.broker() }))
-                .map_err(|e| MqttError::Config(format!("sink {name}: {e}")))?;
+            c.register_sink(
+                name,
+                worker,
+                Arc::new(AtLeastOnce { kind: "mqtt-at-least-once", target: self.config.broker() }),
+            )
+            .map_err(|e| MqttError::Config(format!("sink {name}: {e}")))?;
         }
         let handle = SinkHandle::default();
         let h = handle.clone();
@@ -235,33 +240,5 @@ fn drive(mut connection: Connection, counts: &Counts, broker: &str, max_backoff:
                 backoff = (backoff * 2).min(max_backoff.max(min_backoff));
             }
         }
-    }
-}
-
-/// The committer of the at-least-once sink: what it hands in is
-/// acknowledged by the broker already; nothing to prepare, commit or abort.
-#[derive(Debug)]
-struct Acknowledged {
-    broker: String,
-}
-
-impl SinkCommitter for Acknowledged {
-    fn prepare(&self, _id: CheckpointId, _part: Option<(&[u8], u64)>) -> Result<SinkPart, CheckpointError> {
-        Ok(SinkPart {
-            sink: String::new(),
-            kind: "mqtt-at-least-once".to_owned(),
-            target: self.broker.clone(),
-            pending: String::new(),
-            committed: String::new(),
-            rows: 0,
-        })
-    }
-
-    fn commit(&self, _part: &SinkPart) -> Result<(), CheckpointError> {
-        Ok(())
-    }
-
-    fn abort_after(&self, _id: CheckpointId) -> Result<(), CheckpointError> {
-        Ok(())
     }
 }

@@ -7,6 +7,8 @@
 //! ([`write_lines`]); [`collect`] gathers updates in memory for tests and
 //! notebooks.
 
+#[cfg(any(feature = "kafka", feature = "mqtt"))]
+pub(crate) mod at_least_once;
 mod collect;
 mod csv;
 mod encode;

@@ -6,6 +6,20 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+/// Runs this test binary again, as a child that runs only its ignored
+/// test `child_job`, which reads what to do from the environment variable
+/// `var` (set to `spec`); the child's log goes to `log`. The crash tests
+/// kill such children with SIGKILL.
+pub(crate) fn start_child_job(var: &str, spec: &str, log: &Path) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["child_job", "--exact", "--ignored", "--nocapture", "--test-threads", "1"])
+        .env(var, spec)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
 /// The binary under test.
 const BIN: &str = env!("CARGO_BIN_EXE_highwater");
 

@@ -133,6 +133,36 @@ impl<'de> Deserialize<'de> for Millis {
     }
 }
 
+/// Serde for a [`std::time::Duration`] in configuration: written as text
+/// (`"30s"`, `"250ms"`), read from text or from a number of milliseconds.
+/// Use with `#[serde(with = "highwater::time::duration_text")]`.
+pub mod duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::Millis;
+
+    /// Writes `d` as text, e.g. `"30s"`.
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&Millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
+    }
+
+    /// Reads a duration from text (`"30s"`) or milliseconds (`30000`).
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Ms(u64),
+            Text(Millis),
+        }
+        Ok(Duration::from_millis(match Either::deserialize(d)? {
+            Either::Ms(ms) => ms,
+            Either::Text(Millis(ms)) => ms,
+        }))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,5 +175,16 @@ mod tests {
         assert_eq!("1500".parse::<Millis>(), Ok(Millis(1500)));
         assert!("s".parse::<Millis>().is_err());
         assert!("5 parsecs".parse::<Millis>().is_err());
+    }
+
+    #[test]
+    fn durations_in_configuration_read_text_or_milliseconds() {
+        use serde::de::value::{Error, StrDeserializer, U64Deserializer};
+        use std::time::Duration;
+        let text = StrDeserializer::<Error>::new("30s");
+        assert_eq!(duration_text::deserialize(text), Ok(Duration::from_secs(30)));
+        let ms = U64Deserializer::<Error>::new(250);
+        assert_eq!(duration_text::deserialize(ms), Ok(Duration::from_millis(250)));
+        assert!(duration_text::deserialize(StrDeserializer::<Error>::new("soon")).is_err());
     }
 }

@@ -21,7 +21,7 @@
 mod duration;
 mod watermark;
 
-pub use duration::{parse_duration, DurationError, IntoMillis, Millis};
+pub use duration::{duration_text, parse_duration, DurationError, IntoMillis, Millis};
 pub use watermark::{CustomWatermark, PartitionWatermark, WatermarkStrategy};
 
 use serde::{Deserialize, Serialize};

@@ -347,14 +347,18 @@ fn kill_when(child: &mut std::process::Child, what: &str, mut ready: impl FnMut(
     child.wait().unwrap();
 }
 
-/// How many checkpoints in the directory `checkpoints` are complete.
-fn complete_checkpoints(checkpoints: &Path) -> usize {
-    std::fs::read_dir(checkpoints)
+/// The ids of the complete checkpoints (with their manifest) in the
+/// directory `checkpoints`, ascending.
+fn complete_checkpoints(checkpoints: &Path) -> Vec<u64> {
+    let mut ids: Vec<u64> = std::fs::read_dir(checkpoints)
         .into_iter()
         .flatten()
         .flatten()
         .filter(|e| e.path().join("MANIFEST").exists())
-        .count()
+        .filter_map(|e| e.file_name().to_str()?.strip_prefix("chk-")?.parse().ok())
+        .collect();
+    ids.sort_unstable();
+    ids
 }
 
 fn run_ok(mut cmd: Command) {
@@ -572,7 +576,7 @@ fn at_least_once_kafka_output_has_every_row_after_a_kill_and_recovery() {
     let mut child = job(false).spawn().unwrap();
     // Killed once some rows are out and a checkpoint is complete.
     kill_when(&mut child, "a checkpoint and rows", || {
-        complete_checkpoints(&checkpoints) > 0 && !topic_records(&brokers, "rows").is_empty()
+        !complete_checkpoints(&checkpoints).is_empty() && !topic_records(&brokers, "rows").is_empty()
     });
     let out = job(true).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -649,7 +653,7 @@ fn the_group_offsets_are_committed_only_when_a_checkpoint_covering_them_has_comm
     let checkpoints = dir.join("ck");
     let mut child = run("checked", Some(&checkpoints), false).spawn().unwrap();
     let store = highwater::checkpoint::open_store(checkpoints.to_str().unwrap()).unwrap();
-    kill_when(&mut child, "three checkpoints", || complete_checkpoints(&checkpoints) >= 3);
+    kill_when(&mut child, "three checkpoints", || complete_checkpoints(&checkpoints).len() >= 3);
     let (manifest, _) = highwater::checkpoint::latest_usable(&*store).unwrap().expect("a complete checkpoint");
     let checkpointed: u64 = manifest.sources.values().flatten().filter_map(|p| p.offset).sum();
     let remaining = group_remaining(&brokers, "events", "checked") as u64;
@@ -681,17 +685,6 @@ fn exactly_once_job(brokers: &str, checkpoints: &Path, recover: bool, workers: &
     }
     cmd.args(["--", "-w", workers]).stdout(Stdio::null()).stderr(Stdio::piped());
     cmd
-}
-
-/// The id of the newest complete checkpoint in a local checkpoint
-/// directory (one with its manifest).
-fn newest_manifest(checkpoints: &Path) -> Option<u64> {
-    std::fs::read_dir(checkpoints)
-        .ok()?
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().join("MANIFEST").exists())
-        .filter_map(|e| e.file_name().to_str()?.trim_start_matches(|c: char| !c.is_ascii_digit()).parse().ok())
-        .max()
 }
 
 /// q8's rows of an uninterrupted run over topic `events`, sorted.
@@ -769,9 +762,9 @@ fn exactly_once_kafka_to_kafka_through_random_sigkills_onto_other_worker_counts(
         // Every kill lands after the run made a checkpoint of its own (its
         // commit, or the next one's, is under way): a run killed while it
         // starts up would test nothing.
-        let before = newest_manifest(&checkpoints);
+        let before = complete_checkpoints(&checkpoints).last().copied();
         let waited = Instant::now();
-        while newest_manifest(&checkpoints) == before
+        while complete_checkpoints(&checkpoints).last().copied() == before
             && child.try_wait().unwrap().is_none()
             && waited.elapsed() < Duration::from_secs(120)
         {

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use crash::{committed_parts, events_file, seed, Rng, Scratch};
 use highwater::kafka::{create_topic, KafkaConfig, KafkaSource, Producer, StartFrom, StopAt, WithTimestamp};
 use highwater::prelude::*;
+use highwater::source::{PartitionReader, ReadStatus, Source};
 use kafka::KafkaBroker;
 use serde::{Deserialize, Serialize};
 
@@ -786,6 +787,91 @@ fn exactly_once_kafka_to_kafka_through_random_sigkills_onto_other_worker_counts(
         &expected,
         &format!("after {kills} kills in {runs} runs (HIGHWATER_CRASH_SEED={seed})"),
     );
+}
+
+/// Reads `reader` until `got` holds `n` records (or 30 s pass).
+fn read_until<R: PartitionReader<Record = String>>(reader: &mut R, got: &mut Vec<String>, n: usize) {
+    let started = Instant::now();
+    let mut dead = Vec::new();
+    while got.len() < n && started.elapsed() < Duration::from_secs(30) {
+        let max = n - got.len();
+        if reader.read(max, &mut |r| got.push(r), &mut dead).unwrap() != ReadStatus::Data {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    assert!(dead.is_empty(), "{dead:?}");
+}
+
+/// A partition that flow control holds back is paused: its consumer stops
+/// fetching and drops what it had prefetched (nothing comes while it is
+/// paused, records produced meanwhile included); resumed, it reads on from
+/// the record after the last one read: every record once, in order.
+#[test]
+fn a_paused_partition_fetches_nothing_and_resumes_after_the_last_record_read() {
+    let broker = KafkaBroker::start();
+    let config = KafkaConfig::new(broker.brokers());
+    create_topic(&config, "numbers", 1).unwrap();
+    let records: Vec<(i32, Vec<u8>)> = (0..3_000u32).map(|i| (0, i.to_string().into_bytes())).collect();
+    produce(&config, "numbers", &records[..2_000]);
+    let source = KafkaSource::new(config.clone(), ["numbers"], highwater::source::TextDecoder);
+    let mut reader = source.open(0, Some(0)).unwrap();
+    let mut got = Vec::new();
+    read_until(&mut reader, &mut got, 500);
+    assert_eq!(got.len(), 500);
+    reader.pause();
+    produce(&config, "numbers", &records[2_000..]);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut dead = Vec::new();
+    let mut while_paused = 0;
+    for _ in 0..20 {
+        reader.read(1_000, &mut |_| while_paused += 1, &mut dead).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(while_paused, 0, "records came while the partition was paused");
+    reader.resume();
+    read_until(&mut reader, &mut got, 3_000);
+    let expected: Vec<String> = (0..3_000u32).map(|i| i.to_string()).collect();
+    assert_eq!(got, expected, "each record once, in order, across the pause");
+}
+
+/// Exactly once from a live topic (no `--to latest`): once the input goes
+/// quiet, its partitions idle, the pending cut passes and its transaction
+/// commits every row sent so far; before, the rows after the last cut
+/// waited for more input (the watermark, so the cut, stood still).
+#[test]
+fn a_live_exactly_once_job_commits_its_last_rows_once_the_input_goes_quiet() {
+    let broker = KafkaBroker::start();
+    let scratch = Scratch::new("kafka", "exactly-once-quiet");
+    let dir = &scratch.0;
+    generate_to_kafka(&broker, "events", 60_000);
+    let brokers = broker.brokers();
+    let reference = dir.join("q0.csv");
+    run_ok(nexmark("q0", &["--kafka", &brokers, "--topic", "events", "--to", "latest"], &reference, &["-w", "2"]));
+    let expected = rows_of(&reference);
+    assert!(expected.len() > 1_000, "q0 gave {} rows: a vacuous test", expected.len());
+    create_topic(&KafkaConfig::new(&brokers), "rows", 4).unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["nexmark", "-q", "q0", "--kafka", &brokers, "--topic", "events"])
+        .arg("--checkpoint-dir")
+        .arg(dir.join("ck"))
+        .args(["--checkpoint-interval", "200ms", "--idle-timeout", "500ms"])
+        .args(["--output-topic", "rows", "--exactly-once", "--", "-w", "2"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("job.log")).unwrap());
+    let mut child = cmd.spawn().unwrap();
+    let started = Instant::now();
+    let mut rows = committed_rows(&brokers);
+    while rows.len() < expected.len() && started.elapsed() < Duration::from_secs(60) {
+        if child.try_wait().unwrap().is_some() {
+            panic!("the live job ended: {}", std::fs::read_to_string(dir.join("job.log")).unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        rows = committed_rows(&brokers);
+    }
+    let waited = started.elapsed();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    same_rows(rows, &expected, &format!("committed after {waited:?} of a live run whose input went quiet"));
 }
 
 /// Killed between a checkpoint's manifest and its sink's commit, and with

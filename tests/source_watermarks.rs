@@ -58,6 +58,23 @@ impl Source for Lopsided {
     }
 }
 
+/// A source of one partition that has nothing for `silence`, then ends.
+struct Quiet {
+    silence: Duration,
+    started: Instant,
+}
+
+impl Source for Quiet {
+    type Record = u64;
+    type Reader = Reader;
+    fn partitions(&self) -> Result<Vec<String>, SourceError> {
+        Ok(vec!["quiet".into()])
+    }
+    fn open(&self, _index: usize, _from: Option<Offset>) -> Result<Reader, SourceError> {
+        Ok(Reader::Silent(self.started, self.silence))
+    }
+}
+
 /// Runs a 1 s tumbling count over the lopsided source; returns when each
 /// window result arrived, relative to the start.
 fn arrivals(idle_timeout: Option<Duration>, workers: usize) -> Vec<(u64, Duration)> {
@@ -109,6 +126,64 @@ fn idle_partition_stops_holding_the_watermark_1w() {
 #[test]
 fn idle_partition_stops_holding_the_watermark_2w() {
     idle_partition_stops_holding_the_watermark(2)
+}
+
+/// Two sources, one of them quiet (its only partition idle) while the
+/// other reads 20 s of event time over about 1 s: the quiet source follows
+/// the other (through the job's watermark alignment), so the windows over
+/// both fire as the busy one reads, not when the quiet one ends (DESIGN,
+/// "Time": an idle partition stops holding the watermark back).
+fn an_idle_source_follows_the_others(workers: usize) {
+    let started = Instant::now();
+    let busy = Arc::new(Lopsided { silence: Duration::ZERO, started });
+    let quiet = Arc::new(Quiet { silence: Duration::from_millis(3000), started });
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = Arc::clone(&seen);
+    let mut config = timely::Config::process(workers);
+    highwater::source::Alignment::configure(&mut config);
+    let options = |name: &str, idle: Option<Duration>, rate: Option<f64>| SourceOptions {
+        name: name.into(),
+        watermark: WatermarkStrategy::bounded(0),
+        idle_timeout: idle,
+        batch_size: 10,
+        rate_limit: rate,
+        ..Default::default()
+    };
+    // `busy` reads its 200 records over about 1 s (its second partition ends at once).
+    let (busy_options, quiet_options) =
+        (options("busy", None, Some(200.0)), options("quiet", Some(Duration::from_millis(100)), None));
+    timely::execute(config, move |worker| {
+        let (busy, quiet, seen) = (Arc::clone(&busy), Arc::clone(&quiet), Arc::clone(&s));
+        let (busy_options, quiet_options) = (busy_options.clone(), quiet_options.clone());
+        worker.dataflow(|scope| {
+            let metrics = SourceMetrics::default();
+            let a = read(scope, busy, |t: &u64| *t, busy_options, &metrics, None).unwrap();
+            let b = read(scope, quiet, |t: &u64| *t, quiet_options, &metrics, None).unwrap();
+            let counts = a.events.concat(&b.events).window(Tumbling::of(1_000)).aggregate(Count);
+            counts
+                .results
+                .inner
+                .inspect(move |(r, _, _)| seen.lock().unwrap().push((r.window.start, started.elapsed())));
+        });
+    })
+    .unwrap()
+    .join()
+    .into_iter()
+    .for_each(|r| r.unwrap());
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 20, "one count per second of the busy source: {seen:?}");
+    let early = seen.iter().filter(|(_, at)| *at < Duration::from_millis(2500)).count();
+    assert!(early >= 19, "windows should fire while the quiet source is idle: {seen:?}");
+}
+
+#[test]
+fn an_idle_source_follows_the_others_1w() {
+    an_idle_source_follows_the_others(1);
+}
+
+#[test]
+fn an_idle_source_follows_the_others_2w() {
+    an_idle_source_follows_the_others(2);
 }
 
 /// A third worker with no partition at all must not hold the idle one back.

@@ -10,7 +10,9 @@
 //!   latest time its sources have published (`Message::Prepare`); each
 //!   answers and, until the cut is announced, holds back any source about to
 //!   publish a later time (a round trip on the network, once per interval).
-//!   `T` is one above the largest answer (`Message::Announce`).
+//!   `T` is one above the largest answer (`Message::Announce`). If that is
+//!   not above the last cut's time, nothing was sent since: no cut is begun
+//!   now (`Message::Skip`).
 //! - **Gates.** A checkpoint gate opens once its operator has taken its
 //!   snapshot on its own worker (the gate sits after the operator's exchange):
 //!   no message is needed for that.
@@ -100,6 +102,10 @@ pub(super) enum Message {
     Prepared { id: CheckpointId, max_published: Timestamp },
     /// A cut is begun.
     Announce { cut: Cut },
+    /// The coordinator begins no cut `id` now: no source of any process has
+    /// published a time at or above the last cut since it was begun (the
+    /// job rests). The followers' sources publish again.
+    Skip { id: CheckpointId },
     /// A process's sources have all read their partitions to the end.
     SourcesFinished,
     /// A follower has written its part of checkpoint `id`.

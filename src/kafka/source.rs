@@ -466,6 +466,13 @@ impl<M> KafkaReader<M> {
         }
     }
 
+    /// The one partition this reader's consumer is assigned.
+    fn assignment(&self) -> TopicPartitionList {
+        let mut list = TopicPartitionList::new();
+        list.add_partition(&self.topic, self.partition);
+        list
+    }
+
     fn log_error(&mut self, e: &ClientError) {
         if self.last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) {
             tracing::warn!("{}: {e} (retrying)", self.origin);
@@ -542,5 +549,20 @@ impl<M: MessageDecode> PartitionReader for KafkaReader<M> {
 
     fn offset(&self) -> Offset {
         self.next as Offset
+    }
+
+    /// Pauses fetching: librdkafka drops the records it prefetched and, on
+    /// [`resume`](Self::resume), fetches again from the record after the last
+    /// one read, so a partition held back by flow control holds nothing.
+    fn pause(&mut self) {
+        if let Err(e) = self.consumer.pause(&self.assignment()) {
+            tracing::warn!("{}: pausing: {e}", self.origin);
+        }
+    }
+
+    fn resume(&mut self) {
+        if let Err(e) = self.consumer.resume(&self.assignment()) {
+            tracing::warn!("{}: resuming: {e}", self.origin);
+        }
     }
 }

@@ -165,4 +165,12 @@ pub trait PartitionReader: 'static {
     /// its turn: see [`Source::concurrent_partitions`]): a reader may release
     /// what it buffers, to read it again when its turn comes.
     fn set_aside(&mut self) {}
+    /// Flow control holds the partition back (no credit, or it runs ahead
+    /// of the job's watermark) and has for a while: a reader of a remote log
+    /// may stop fetching and drop what it prefetched (Kafka pauses the
+    /// partition), so that a partition held back buffers nothing. Called
+    /// once; [`resume`](Self::resume) comes before the next read.
+    fn pause(&mut self) {}
+    /// The partition is read again after [`pause`](Self::pause).
+    fn resume(&mut self) {}
 }

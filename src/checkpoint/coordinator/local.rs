@@ -47,6 +47,10 @@ impl Phase {
             return Err(unexpected("the timer began a checkpoint", &self));
         };
         let time = job.published.saturating_add(1);
+        if !job.worth_a_cut(time) {
+            tracing::trace!(id, time, "no checkpoint: nothing published since the last");
+            return Ok(self);
+        }
         self.announce(Cut { id, time }, job)
     }
 }

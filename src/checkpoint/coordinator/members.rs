@@ -151,6 +151,7 @@ impl Phase {
             // From the coordinator, at a follower.
             Message::Prepare { id } if !leads => self.asked(id, job),
             Message::Announce { cut } if !leads => self.begin(cut, job),
+            Message::Skip { id } if !leads => self.skipped(id, job),
             other => {
                 let role = if leads { "this process coordinates" } else { "this process follows process 0" };
                 Err(unexpected(format!("process {process} sent {}", what(&other)), role))
@@ -182,6 +183,24 @@ impl Phase {
         Ok(stay(cuts))
     }
 
+    /// A follower: the coordinator found nothing published since the last
+    /// cut and begins no cut `id` now; this process's sources publish again.
+    fn skipped(self, id: CheckpointId, job: &mut Job) -> Result<Phase, CheckpointError> {
+        let event = || format!("process 0 skipped checkpoint {id}");
+        let (mut cuts, stay) = self.split_open().map_err(|phase| unexpected(event(), &phase))?;
+        match cuts.cuts.remove(&id) {
+            Some(CutPhase::Preparing { .. }) => {
+                job.effects.push(Effect::Wake);
+                Ok(stay(cuts))
+            }
+            Some(phase) => {
+                cuts.cuts.insert(id, phase);
+                Err(unexpected(event(), format!("checkpoint {id} is begun")))
+            }
+            None => Err(unexpected(event(), cuts.describe(id))),
+        }
+    }
+
     /// The coordinator, answered by `process` with the latest `time` its
     /// sources published before cut `id`: once every process has answered,
     /// announces the cut above every answer.
@@ -209,6 +228,13 @@ impl Phase {
                     return Ok(stay(cuts));
                 }
                 let time = answers.values().fold(job.published, |a, b| a.max(*b)).saturating_add(1);
+                if !job.worth_a_cut(time) {
+                    // The followers publish again; the next timer asks again.
+                    tracing::trace!(id, time, "no checkpoint: nothing published since the last");
+                    job.effects.push(Effect::Send(Message::Skip { id }));
+                    job.effects.push(Effect::Wake);
+                    return Ok(stay(cuts));
+                }
                 stay(cuts).announce(Cut { id, time }, job)
             }
             // The final cut was begun instead of the one prepared: a late answer.
@@ -294,6 +320,7 @@ fn what(message: &Message) -> String {
         Message::Prepare { id } => format!("a prepare of checkpoint {id}"),
         Message::Prepared { id, .. } => format!("an answer to the prepare of checkpoint {id}"),
         Message::Announce { cut } => format!("the announcement of {}", super::phase::describe(*cut)),
+        Message::Skip { id } => format!("that checkpoint {id} is not begun now"),
         Message::SourcesFinished => "that its sources have ended".into(),
         Message::ProcessDone { id, .. } => format!("its part of checkpoint {id}"),
         Message::Written { id, .. } => format!("that checkpoint {id} is written"),

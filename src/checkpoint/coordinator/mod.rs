@@ -358,7 +358,10 @@ impl Checkpoints {
     }
 
     /// A source is about to emit (or hold its capability) at `time`: the next
-    /// cut will lie above it.
+    /// cut will lie above it. A source at rest that moves its capability up
+    /// to the pending cut (so that the cut passes without more input) does
+    /// not publish; the coordinator begins no further cut until a source
+    /// publishes a time at or above the last cut's.
     pub fn publish(&self, time: Timestamp) {
         let mut state = lock(&self.0.state);
         // While the processes choose a cut, no source publishes beyond what

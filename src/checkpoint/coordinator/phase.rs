@@ -79,10 +79,28 @@ pub(super) struct Job {
     /// The latest time a source of this process has published (at start,
     /// the restored time: cuts lie above it, where the sources resume).
     pub(super) published: Timestamp,
+    /// The time of the last cut begun by this run (not the final one): the
+    /// next is begun only if a source has published a time at or above it
+    /// since (else nothing has changed, and the sources that rest would
+    /// have to move their watermarks up for nothing: see
+    /// `Checkpoints::publish`).
+    pub(super) last_cut: Option<Timestamp>,
     /// The checkpoints written by this run, in order.
     pub(super) written: Vec<CheckpointId>,
     /// What the transitions so far ask of the world, in order.
     pub(super) effects: Vec<Effect>,
+}
+
+impl Job {
+    /// Whether a cut at `time` (one above every time published) is worth
+    /// beginning: it lies above the last cut, so a source has published a
+    /// time at or above that one since. Else nothing was sent since the last
+    /// cut; a cut at the same time would be none, and one above it would
+    /// make the sources that rest move their watermarks for nothing, once
+    /// every interval.
+    pub(super) fn worth_a_cut(&self, time: Timestamp) -> bool {
+        self.last_cut.is_none_or(|last| time > last)
+    }
 }
 
 /// Where the job's checkpointing stands in this process.
@@ -204,6 +222,7 @@ impl State {
                 registry: Registry::default(),
                 members: Members::default(),
                 published,
+                last_cut: None,
                 written: Vec::new(),
                 effects: Vec::new(),
             },
@@ -479,6 +498,7 @@ impl Cuts {
             // `Checkpoints::horizon`), or the other processes' operators could
             // not reach it.
             job.published = job.published.max(cut.time.saturating_sub(1));
+            job.last_cut = Some(cut.time);
         }
         tracing::debug!(id = cut.id, time = cut.time, "checkpoint begun");
         job.effects.push(Effect::Begun(cut));

@@ -336,3 +336,64 @@ fn a_failure_from_another_process_fails_this_one() {
     step(&mut state, |p, j| p.receive(0, Message::Failed { error: "disk full".into() }, j)).unwrap();
     assert_eq!(state.phase.error(), Some("process 0: disk full"));
 }
+
+#[test]
+fn alone_no_cut_is_begun_until_a_source_publishes_at_or_above_the_last_one() {
+    let mut state = state_running(1);
+    state.job.published = 41;
+    step(&mut state, |p, j| p.next_cut(std::time::Instant::now(), j)).unwrap();
+    assert!(matches!(cut_phase(&state, 1), Some(CutPhase::Collecting(c)) if c.cut.time == 42));
+    hand_in_all(&mut state, 1);
+    step(&mut state, |p, j| p.written(1, false, j)).unwrap();
+    effects(&mut state);
+    // The sources rest (an idle one moved up to the cut without publishing):
+    // a cut at 42 again would be none, one at 43 would move them up for nothing.
+    step(&mut state, |p, j| p.next_cut(std::time::Instant::now(), j)).unwrap();
+    assert_eq!(cut_phase(&state, 2).map(|_| ()), None);
+    assert!(state.may_begin());
+    assert!(effects(&mut state).is_empty());
+    // A record sent at the cut's time: the next cut lies above it.
+    state.job.published = 42;
+    step(&mut state, |p, j| p.next_cut(std::time::Instant::now(), j)).unwrap();
+    assert!(matches!(cut_phase(&state, 2), Some(CutPhase::Collecting(c)) if c.cut.time == 43));
+}
+
+#[test]
+fn across_processes_a_prepare_that_finds_nothing_new_is_skipped_and_the_followers_publish_again() {
+    let mut state = process(1, 2, true);
+    build(&mut state);
+    step(&mut state, |p, j| p.receive(1, Message::Built, j)).unwrap();
+    state.job.published = 9;
+    step(&mut state, |p, j| p.next_cut(std::time::Instant::now(), j)).unwrap();
+    step(&mut state, |p, j| p.receive(1, Message::Prepared { id: 1, max_published: 4 }, j)).unwrap();
+    hand_in_all(&mut state, 1);
+    step(&mut state, |p, j| p.written(1, false, j)).unwrap();
+    effects(&mut state);
+
+    step(&mut state, |p, j| p.next_cut(std::time::Instant::now(), j)).unwrap();
+    assert!(matches!(sent(&effects(&mut state))[..], [Message::Prepare { id: 2 }]));
+    step(&mut state, |p, j| p.receive(1, Message::Prepared { id: 2, max_published: 9 }, j)).unwrap();
+    let skipped = effects(&mut state);
+    assert!(matches!(sent(&skipped)[..], [Message::Skip { id: 2 }]));
+    assert!(skipped.iter().any(|e| matches!(e, Effect::Wake)));
+    assert!(!state.frozen());
+    assert!(state.may_begin());
+    // The next prepare is of the same checkpoint; this time a follower sent.
+    step(&mut state, |p, j| p.next_cut(std::time::Instant::now(), j)).unwrap();
+    assert!(matches!(sent(&effects(&mut state))[..], [Message::Prepare { id: 2 }]));
+    step(&mut state, |p, j| p.receive(1, Message::Prepared { id: 2, max_published: 10 }, j)).unwrap();
+    assert!(matches!(sent(&effects(&mut state))[..], [Message::Announce { cut: Cut { id: 2, time: 11 } }]));
+
+    // A follower: the skip lets its sources publish again.
+    let mut follower = process(1, 2, false);
+    build(&mut follower);
+    step(&mut follower, |p, j| p.receive(0, Message::Prepare { id: 1 }, j)).unwrap();
+    assert!(follower.frozen());
+    step(&mut follower, |p, j| p.receive(0, Message::Skip { id: 1 }, j)).unwrap();
+    assert!(!follower.frozen());
+    step(&mut follower, |p, j| p.receive(0, Message::Prepare { id: 1 }, j)).unwrap();
+    step(&mut follower, |p, j| p.receive(0, Message::Announce { cut: Cut { id: 1, time: 5 } }, j)).unwrap();
+    // A skip of a cut begun is out of turn.
+    let error = protocol(step(&mut follower, |p, j| p.receive(0, Message::Skip { id: 1 }, j)));
+    assert!(error.contains("process 0 skipped checkpoint 1"), "{error}");
+}

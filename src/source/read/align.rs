@@ -234,6 +234,10 @@ pub(super) struct Aligner {
     paused_since: Option<Instant>,
     /// Microseconds spent with a partition paused.
     aligned: Counter,
+    /// What the last [`limit`](Self::limit) learnt from the [`Alignment`]:
+    /// the group's combined watermark (`None`: no partition of the group is
+    /// active anywhere). `None` without an alignment or before the first.
+    combined: Option<Option<Timestamp>>,
 }
 
 impl Aligner {
@@ -254,6 +258,7 @@ impl Aligner {
             drift: drift.map(|d| d.as_millis().min(u128::from(u64::MAX)) as u64),
             paused_since: None,
             aligned,
+            combined: None,
         }
     }
 
@@ -268,17 +273,28 @@ impl Aligner {
     /// least watermark of the source's active partitions on this process's
     /// workers, used when no [`Alignment`] is configured.
     pub(super) fn limit(
-        &self,
+        &mut self,
         source: &str,
         worker: usize,
         span: Option<Span>,
         board_min: impl FnOnce() -> Option<Timestamp>,
     ) -> Option<Timestamp> {
         let combined = match self.alignment.as_ref() {
-            Some((alignment, group)) => alignment.post(group, source, worker, span),
+            Some((alignment, group)) => {
+                let combined = alignment.post(group, source, worker, span);
+                self.combined = Some(combined);
+                combined
+            }
             None => board_min(),
         };
         Some(combined?.saturating_add(self.drift?))
+    }
+
+    /// The combined watermark of the group's active partitions on every
+    /// worker and process, as last posted: `Some(None)` if none is active
+    /// anywhere, `None` if unknown (no [`Alignment`], or alignment off).
+    pub(super) fn combined(&self) -> Option<Option<Timestamp>> {
+        self.combined
     }
 
     /// Notes whether a partition of this worker is paused now (for the time
@@ -344,18 +360,21 @@ mod tests {
     #[test]
     fn the_limit_is_the_combined_watermark_plus_the_drift() {
         let a = Alignment::default();
-        let aligner = Aligner::new(Some(a.clone()), None, MaxDrift::Of(Duration::from_secs(1)), Counter::default());
+        let mut aligner = Aligner::new(Some(a.clone()), None, MaxDrift::Of(Duration::from_secs(1)), Counter::default());
+        assert_eq!(aligner.combined(), None);
         assert_eq!(aligner.limit("s", 0, Some((5_000, 9_000)), || None), Some(6_000));
-        let off = Aligner::new(Some(a.clone()), None, MaxDrift::Off, Counter::default());
+        assert_eq!(aligner.combined(), Some(Some(5_000)));
+        let mut off = Aligner::new(Some(a.clone()), None, MaxDrift::Off, Counter::default());
         assert_eq!(off.limit("s", 1, Some((1_000, 2_000)), || None), None);
         // The job's drift, and a job that turns it off.
-        let job = Aligner::new(Some(a.clone()), None, MaxDrift::Job, Counter::default());
+        let mut job = Aligner::new(Some(a.clone()), None, MaxDrift::Job, Counter::default());
         assert_eq!(job.limit("s", 2, Some((1_000, 1_000)), || None), Some(11_000));
         a.set_max_drift(None);
         assert!(!Aligner::new(Some(a), None, MaxDrift::Job, Counter::default()).enabled());
         // Without an alignment: the board's minimum.
-        let alone = Aligner::new(None, None, MaxDrift::Job, Counter::default());
+        let mut alone = Aligner::new(None, None, MaxDrift::Job, Counter::default());
         assert_eq!(alone.limit("s", 0, Some((7, 8)), || Some(3)), Some(3 + 10_000));
+        assert_eq!(alone.combined(), None);
     }
 
     #[test]

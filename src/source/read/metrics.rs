@@ -27,6 +27,10 @@ pub struct SourceMetrics {
     /// watermark alignment (it ran more than the drift ahead of the
     /// combined watermark): see [`SourceOptions::max_drift`](crate::source::SourceOptions::max_drift).
     pub aligned_us: Counter,
+    /// How many times flow control held a partition back long enough that
+    /// its reader was told to pause ([`PartitionReader::pause`](crate::source::PartitionReader::pause):
+    /// a Kafka partition stops fetching).
+    pub pauses: Counter,
     /// The greatest event time read so far.
     pub max_event_time: Arc<AtomicU64>,
     /// Errors a partition failed with (the source then holds its watermark

@@ -143,6 +143,7 @@ where
         totals.count(&format!("{}.late_read", options.name), &metrics.late);
         totals.count(&format!("{}.throttled_us", options.name), &metrics.throttled_us);
         totals.count(&format!("{}.aligned_us", options.name), &metrics.aligned_us);
+        totals.count(&format!("{}.pauses", options.name), &metrics.pauses);
     }
     let restored = checkpoints.as_ref().and_then(|c| c.restored_partitions(&options.name));
     if let Some(restored) = restored {
@@ -479,14 +480,17 @@ where
             }
         }
         let mut open = std::mem::take(&mut self.open);
-        if may_read_ahead || pending.is_some_and(|time| time > *held.time()) {
-            for partition in open.iter_mut() {
-                // Behind a pending cut, a partition reads even if it is ahead
-                // of the others: the cut completes only once it passes.
-                let aligned = !self.ahead(partition) || behind(partition);
-                if partition.readable(now) && (may_read_ahead && aligned || behind(partition)) {
-                    any_data |= self.read_batch(partition, held, held_dead, events, dead, now);
-                }
+        let may_read_any = may_read_ahead || pending.is_some_and(|time| time > *held.time());
+        for partition in open.iter_mut() {
+            // Behind a pending cut, a partition reads even if it is ahead
+            // of the others: the cut completes only once it passes.
+            let aligned = !self.ahead(partition) || behind(partition);
+            if may_read_any && partition.readable(now) && (may_read_ahead && aligned || behind(partition)) {
+                any_data |= self.read_batch(partition, held, held_dead, events, dead, now);
+            } else if partition.readable(now) && partition.withheld(now) {
+                // Held back for a while: the reader stops fetching.
+                self.metrics.pauses.add(1);
+                tracing::debug!(source = %self.options.name, partition = partition.index, "partition paused");
             }
         }
         let (done, active): (Vec<_>, Vec<_>) = open.into_iter().partition(|p| p.done);
@@ -595,13 +599,38 @@ where
         // All partitions idle: they do not hold the watermark back. It follows
         // the workers still reading (or, if none is, the highest any reached);
         // records that come later are judged late against it.
+        let mut quiet = false;
         let watermark = local.or_else(|| {
             // Moving this worker's capability only changes how its own later
             // records are judged: the others keep theirs.
-            self.queue.is_empty().then(|| self.highest.max(self.options.board.resting_target()))
+            if !self.queue.is_empty() {
+                return None;
+            }
+            let mut w = self.highest.max(self.options.board.resting_target());
+            if self.options.board.active_min().is_none() {
+                match self.aligner.combined() {
+                    // No worker of this process reads the source, other
+                    // sources of its group (or other processes) do: an idle
+                    // source does not hold the job back (DESIGN, "Time").
+                    Some(Some(combined)) => w = w.max(combined),
+                    // Nothing is read anywhere (as far as this process
+                    // knows): the pending cut may pass, so that what was sent
+                    // before the input went quiet is checkpointed (and an
+                    // exactly-once sink's output committed) without waiting
+                    // for more input. Not published: the coordinator begins
+                    // no further cut until a source sends again.
+                    _ => {
+                        if let Some(cut) = self.cuts.as_ref().and_then(SourceCuts::pending).filter(|cut| *cut > w) {
+                            w = cut;
+                            quiet = true;
+                        }
+                    }
+                }
+            }
+            Some(w)
         });
         if let Some(w) = watermark.filter(|w| *w > *held.time()) {
-            if let Some(cuts) = self.cuts.as_mut() {
+            if let Some(cuts) = self.cuts.as_mut().filter(|_| !quiet) {
                 cuts.publish(w);
             }
             held.downgrade(&w);

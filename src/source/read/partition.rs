@@ -35,7 +35,17 @@ pub(super) struct Partition<R> {
     /// let into the watermark, and when the watermark last took one in.
     held_back: Option<Timestamp>,
     published: Option<Instant>,
+    /// Since when flow control has held the partition back, and whether its
+    /// reader was told to pause.
+    withheld_since: Option<Instant>,
+    paused: bool,
 }
+
+/// How long flow control holds a partition back before its reader is told
+/// to pause ([`PartitionReader::pause`]): credit comes and goes within
+/// milliseconds, and a Kafka partition that pauses drops its prefetched
+/// records, to fetch them again when it resumes.
+pub(super) const PAUSE_AFTER: Duration = Duration::from_millis(200);
 
 /// A partition's position and watermark before a batch emitted at `emit_at`.
 #[derive(Clone, Copy, Debug)]
@@ -77,6 +87,8 @@ impl<R: PartitionReader> Partition<R> {
             retry_at: None,
             held_back: None,
             published: None,
+            withheld_since: None,
+            paused: false,
         }
     }
 
@@ -143,6 +155,21 @@ impl<R: PartitionReader> Partition<R> {
         !self.failed && self.retry_at.is_none_or(|at| at <= now)
     }
 
+    /// Flow control held the partition back in this activation: after
+    /// [`PAUSE_AFTER`] its reader pauses. Returns whether it paused now.
+    pub(super) fn withheld(&mut self, now: Instant) -> bool {
+        if self.done || self.failed {
+            return false;
+        }
+        let since = *self.withheld_since.get_or_insert(now);
+        if self.paused || now.duration_since(since) < PAUSE_AFTER {
+            return false;
+        }
+        self.reader.pause();
+        self.paused = true;
+        true
+    }
+
     /// Reads up to `options.batch_size` records (with `start_small`, for a
     /// source whose partitions take turns, a single one until the partition
     /// has [`started`](Self::started): all it takes to know its watermark)
@@ -172,6 +199,10 @@ impl<R: PartitionReader> Partition<R> {
             late += u64::from(time < emit_at);
             updates.push((record, time, 1));
         };
+        self.withheld_since = None;
+        if std::mem::take(&mut self.paused) {
+            self.reader.resume();
+        }
         let max = if self.started() || !start_small { options.batch_size } else { 1 }.min(limit);
         let status = match self.reader.read(max, &mut take, dead) {
             Ok(status) => {

@@ -15,13 +15,19 @@
 //! - exactly once, a checkpoint every second (a row becomes visible when
 //!   the transaction of the checkpoint that covers it commits).
 //!
-//! The first 2 s of each run (the job's start) are left out; p50, p99 and
-//! the maximum of the rest, and how many rows came (all bids, or the run
-//! says so).
+//! The first 2 s of each run (the job's start) and its last 2 s are left
+//! out; p50, p99 and the maximum of the rest, how many rows came (all bids,
+//! or the run says so), and when the last row was read after the input
+//! ended (exactly once: the rows since the last checkpoint are committed
+//! once the partitions go idle, after the idle timeout of 5 s).
 //!
 //! ```text
 //! cargo bench --bench kafka_latency --features kafka -- --rate 20000 --seconds 20
 //! ```
+//!
+//! `--only alo|alo-ckpt|eo` runs one mode; `--job-log DIR` keeps each job's
+//! stderr in `DIR/<mode>.log` with highwater's debug events (checkpoint
+//! phases and their durations).
 //!
 //! Needs the broker (scripts/test.sh installs it).
 
@@ -44,6 +50,10 @@ const BIN: &str = env!("CARGO_BIN_EXE_highwater");
 const PARTITIONS: i32 = 4;
 /// The start of a run left out of the percentiles.
 const WARM_UP_MS: u64 = 2_000;
+/// The last rows of a run, left out of the percentiles: once the input
+/// stops, exactly once commits them after the idle timeout (the `tail`
+/// column).
+const COOL_DOWN_MS: u64 = 2_000;
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_millis() as u64
@@ -147,12 +157,17 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 
 fn main() {
     let (mut rate, mut seconds) = (20_000u64, 20u64);
+    // `--only eo|alo|alo-ckpt` runs one mode; `--job-log DIR` keeps each
+    // job's stderr there, with the checkpoints' debug events (for profiling).
+    let (mut only, mut job_log) = (None::<String>, None::<std::path::PathBuf>);
     let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
     while let Some(a) = args.next() {
         let value = args.next().unwrap_or_else(|| panic!("{a} needs a value"));
         match a.as_str() {
             "--rate" => rate = value.parse().expect("--rate EVENTS_PER_SECOND"),
             "--seconds" => seconds = value.parse().expect("--seconds S"),
+            "--only" => only = Some(value),
+            "--job-log" => job_log = Some(value.into()),
             other => panic!("unknown option {other}"),
         }
     }
@@ -170,13 +185,18 @@ fn main() {
         .map(str::to_owned)
         .collect();
 
-    println!("| mode ({rate} events/s for {seconds} s, q0, -w 2) | rows read | p50 ms | p99 ms | max ms |");
-    println!("| --- | --- | --- | --- | --- |");
-    for (name, checkpoints, exactly_once) in [
-        ("at least once, no checkpoints", false, false),
-        ("at least once, checkpoint every 1 s", true, false),
-        ("exactly once, checkpoint every 1 s", true, true),
+    println!(
+        "| mode ({rate} events/s for {seconds} s, q0, -w 2) | rows read | p50 ms | p99 ms | max ms | last row after the input ended, ms |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- |");
+    for (name, short, checkpoints, exactly_once) in [
+        ("at least once, no checkpoints", "alo", false, false),
+        ("at least once, checkpoint every 1 s", "alo-ckpt", true, false),
+        ("exactly once, checkpoint every 1 s", "eo", true, true),
     ] {
+        if only.as_deref().is_some_and(|o| o != short) {
+            continue;
+        }
         let tag = format!("{}-{}", u8::from(checkpoints), u8::from(exactly_once));
         let (input, output) = (format!("in-{tag}"), format!("out-{tag}"));
         for topic in [&input, &output] {
@@ -184,6 +204,13 @@ fn main() {
         }
         let ck = dir.join(format!("ck-{tag}"));
         let mut job = Command::new(BIN);
+        let stderr = match job_log.as_ref() {
+            Some(dir) => {
+                job.args(["--log", "highwater=debug"]);
+                Stdio::from(std::fs::File::create(dir.join(format!("{short}.log"))).expect("job log"))
+            }
+            None => Stdio::null(),
+        };
         job.args(["nexmark", "-q", "q0", "--kafka", &brokers, "--topic", &input, "--output-topic", &output]);
         // Each partition is in event-time order.
         job.args(["--watermark-delay", "100ms"]);
@@ -193,7 +220,7 @@ fn main() {
         if exactly_once {
             job.arg("--exactly-once");
         }
-        let mut job = job.args(["--", "-w", "2"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("job");
+        let mut job = job.args(["--", "-w", "2"]).stdout(Stdio::null()).stderr(stderr).spawn().expect("job");
         let stop = Arc::new(AtomicBool::new(false));
         let latencies = Arc::new(Mutex::new(Vec::new()));
         let reader = {
@@ -205,6 +232,7 @@ fn main() {
         std::thread::sleep(Duration::from_secs(2));
         let started = now_ms();
         let bids = produce_at_rate(&brokers, &input, &lines, rate);
+        let ended = now_ms();
         // Until every bid came, or 30 s after the last one was sent.
         let deadline = Instant::now() + Duration::from_secs(30);
         while (latencies.lock().expect("latencies").len() as u64) < bids && Instant::now() < deadline {
@@ -215,14 +243,20 @@ fn main() {
         let _ = job.kill();
         let _ = job.wait();
         let rows = latencies.lock().expect("latencies").clone();
-        let mut kept: Vec<u64> = rows.iter().filter(|(t, _)| *t >= started + WARM_UP_MS).map(|(_, l)| *l).collect();
+        let steady = started + WARM_UP_MS..ended.saturating_sub(COOL_DOWN_MS);
+        let mut kept: Vec<u64> = rows.iter().filter(|(t, _)| steady.contains(t)).map(|(_, l)| *l).collect();
         kept.sort_unstable();
+        let last = rows
+            .iter()
+            .map(|(t, l)| t + l)
+            .max()
+            .map_or("-".to_owned(), |read| format!("{}", read.saturating_sub(ended)));
         if kept.is_empty() {
-            println!("| {name} | {} of {bids} | - | - | - |", rows.len());
+            println!("| {name} | {} of {bids} | - | - | - | {last} |", rows.len());
             continue;
         }
         println!(
-            "| {name} | {} of {bids} | {} | {} | {} |",
+            "| {name} | {} of {bids} | {} | {} | {} | {last} |",
             rows.len(),
             percentile(&kept, 50.0),
             percentile(&kept, 99.0),

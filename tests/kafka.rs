@@ -905,6 +905,83 @@ fn exactly_once_kafka_output_survives_kills_between_manifest_and_commit_and_insi
     same_rows(committed_rows(&brokers), &expected, "after the kill points");
 }
 
+/// A committed checkpoint found damaged at recovery (with the one after
+/// it): the job recovers from the one before and reads the input between
+/// them again. Kafka cannot take the damaged checkpoint's committed rows
+/// back, so they are in the topic twice (with a warning); but nothing is
+/// lost: checkpoint ids are never taken again, so the sink does not take a
+/// new checkpoint's part for the damaged one's (committed, says the progress
+/// topic) and skip it.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_damaged_committed_checkpoint_is_recovered_from_the_one_before_and_no_row_is_lost() {
+    use std::os::unix::process::ExitStatusExt;
+    let broker = KafkaBroker::start();
+    let scratch = Scratch::new("kafka", "exactly-once-damaged");
+    let dir = &scratch.0;
+    generate_to_kafka(&broker, "events", 1_000_000);
+    let brokers = broker.brokers();
+    let reference = dir.join("q0.csv");
+    run_ok(nexmark("q0", &["--kafka", &brokers, "--topic", "events", "--to", "latest"], &reference, &["-w", "2"]));
+    let expected = rows_of(&reference);
+    let checkpoints = dir.join("ck");
+    let job = |kill_at: Option<&str>, interval: &str| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["nexmark", "-q", "q0", "--kafka", &brokers, "--topic", "events", "--to", "latest"])
+            .arg("--checkpoint-dir")
+            .arg(&checkpoints)
+            .args(["--checkpoint-interval", interval, "--recover", "--output-topic", "rows", "--exactly-once"])
+            .args(["--", "-w", "2"]);
+        if let Some(point) = kill_at {
+            cmd.env("HIGHWATER_KILL_AT", point);
+        }
+        cmd.output().unwrap()
+    };
+    // Checkpoint 3 committed; 4's manifest written, its commit killed.
+    let out = job(Some("sink-commit:4"), "100ms");
+    assert_eq!(out.status.signal(), Some(9), "not killed: {}", String::from_utf8_lossy(&out.stderr));
+    let complete = complete_checkpoints(&checkpoints);
+    assert_eq!(complete.last(), Some(&4), "{complete:?}");
+    assert!(complete.contains(&2), "{complete:?}");
+    let committed_before = committed_rows(&brokers).len();
+    for id in [3, 4] {
+        let manifest = checkpoints.join(format!("chk-{id:010}")).join("MANIFEST");
+        let mut bytes = std::fs::read(&manifest).unwrap();
+        let i = bytes.len() - 10;
+        bytes[i] ^= 0x01;
+        std::fs::write(&manifest, bytes).unwrap();
+    }
+    // The recovery's next checkpoint is its final one (the interval is
+    // longer than the run): it holds every row from checkpoint 2 on. Had it
+    // taken id 3 again, the sink would skip it as committed.
+    let out = job(None, "60s");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("skipping a damaged checkpoint"), "{stderr}");
+    assert!(stderr.contains("are in the topic twice"), "no warning of the rows committed twice: {stderr}");
+    let rows = committed_rows(&brokers);
+    let mut counts: BTreeMap<&str, i64> = BTreeMap::new();
+    for row in &rows {
+        *counts.entry(row).or_default() += 1;
+    }
+    let missing: Vec<&String> = expected.iter().filter(|r| !counts.contains_key(r.as_str())).collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} rows missing, e.g. {:?}",
+        missing.len(),
+        expected.len(),
+        &missing[..3.min(missing.len())]
+    );
+    assert!(counts.keys().all(|r| expected.binary_search_by(|e| e.as_str().cmp(r)).is_ok()), "a row of no run");
+    // Checkpoint 4's rows (committed before the damage) came again.
+    assert!(
+        rows.len() > expected.len(),
+        "{} rows, {} expected, {committed_before} committed before",
+        rows.len(),
+        expected.len()
+    );
+}
+
 /// `examples/kafka_fraud.rs` as its documentation says: the alerts it
 /// commits to `fraud-alerts` are the matches of the CEP golden file, once
 /// each for a `read_committed` reader, also after a second run (recovered

@@ -91,8 +91,10 @@ pub(super) struct ProcessPart {
 pub(super) enum Message {
     /// A follower introduces itself.
     Hello { process: usize, workers: usize },
-    /// The coordinator's answer: the checkpoint the job recovers from.
-    Welcome { restored: Option<CheckpointId> },
+    /// The coordinator's answer: the checkpoint the job recovers from, and
+    /// the id of the next one (above every id in the store, so that a
+    /// checkpoint skipped as damaged never has its id taken again).
+    Welcome { restored: Option<CheckpointId>, next_id: CheckpointId },
     /// A follower's workers have built their dataflows.
     Built,
     /// The coordinator is about to begin checkpoint `id`: report the latest

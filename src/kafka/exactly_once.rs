@@ -181,6 +181,9 @@ pub(crate) struct TransactionalCommitter {
     /// Parts this process prepared, until committed (the store's copy
     /// serves the other processes' parts and recoveries).
     prepared: Mutex<BTreeMap<(CheckpointId, u32), Vec<u8>>>,
+    /// The checkpoint the job recovered from (0: none), as
+    /// [`abort_after`](SinkCommitter::abort_after) says.
+    restored: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for TransactionalCommitter {
@@ -232,6 +235,7 @@ impl TransactionalCommitter {
             timeout,
             shards: Mutex::new(BTreeMap::new()),
             prepared: Mutex::new(BTreeMap::new()),
+            restored: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -356,6 +360,21 @@ impl TransactionalCommitter {
             let id = self.transactional_id(s);
             let committed = committed.get(id.as_bytes()).copied().unwrap_or(0);
             tracing::debug!(sink = %self.sink, transactional_id = id, committed, "transactional producer ready");
+            let restored = self.restored.load(std::sync::atomic::Ordering::SeqCst);
+            if committed > restored {
+                // Checkpoint ids are never taken again (see the coordinator's
+                // `next_id`), so nothing is skipped; but Kafka cannot take the
+                // committed records back.
+                tracing::warn!(
+                    sink = %self.sink,
+                    topic = %self.topic,
+                    committed,
+                    restored,
+                    "checkpoint {committed}'s output was committed to the topic, but the job recovered from \
+                     checkpoint {restored} (the newer one is damaged or gone): the input between them is processed \
+                     again, and its rows are in the topic twice"
+                );
+            }
             shards.insert(s, Shard { producer, committed });
         }
         Ok(())
@@ -474,8 +493,9 @@ impl SinkCommitter for TransactionalCommitter {
     /// aborted by the shard's next producer, and parts of newer
     /// checkpoints are only ever produced after their manifest. (Output of
     /// a newer checkpoint that was committed and then damaged stays in the
-    /// topic: Kafka cannot take records back.)
+    /// topic: Kafka cannot take records back; the first commit warns.)
     fn abort_after(&self, id: CheckpointId) -> Result<(), CheckpointError> {
+        self.restored.store(id, std::sync::atomic::Ordering::SeqCst);
         self.prepared.lock().unwrap_or_else(|p| p.into_inner()).retain(|(part, _), _| *part <= id);
         Ok(())
     }

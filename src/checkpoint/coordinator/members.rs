@@ -50,6 +50,8 @@ impl Members {
 /// recovers from, as agreed at start.
 pub(super) struct Joined {
     pub(super) manifest: Option<Manifest>,
+    /// The id of the next checkpoint (see `next_id`).
+    pub(super) next_id: CheckpointId,
     /// The sending halves: to the followers (coordinator), or to the coordinator.
     pub(super) links: Vec<Peer>,
     /// The receiving halves, by process.
@@ -71,15 +73,35 @@ pub(super) fn lead(
             links.push(peer);
         }
     }
-    let chosen = choose_checkpoint(config, store);
+    let chosen =
+        choose_checkpoint(config, store).and_then(|manifest| Ok((next_id(store, manifest.as_ref())?, manifest)));
     let answer = match &chosen {
-        Ok(manifest) => Message::Welcome { restored: manifest.as_ref().map(|m| m.id) },
+        Ok((next_id, manifest)) => Message::Welcome { restored: manifest.as_ref().map(|m| m.id), next_id: *next_id },
         Err(e) => Message::Failed { error: e.to_string() },
     };
     for peer in &links {
         let _ = peer.send(&answer);
     }
-    Ok(Joined { manifest: chosen?, links, readers })
+    let (next_id, manifest) = chosen?;
+    Ok(Joined { manifest, next_id, links, readers })
+}
+
+/// The id of the next checkpoint: above the restored one and above every
+/// other in `store`, damaged or never completed ones included. A checkpoint
+/// skipped as damaged may have committed its sinks' output (a Kafka
+/// transaction with its progress record); its id taken again, an
+/// exactly-once sink would take the new checkpoint's part for the old one
+/// and skip it.
+fn next_id(store: &dyn CheckpointStore, restored: Option<&Manifest>) -> Result<CheckpointId, CheckpointError> {
+    let highest = store.list()?.last().copied().unwrap_or(0).max(restored.map_or(0, |m| m.id));
+    if let Some(m) = restored.filter(|m| m.id < highest) {
+        tracing::warn!(
+            restored = m.id,
+            highest,
+            "checkpoints newer than the one recovered from are in the store: their ids are not used again"
+        );
+    }
+    Ok(highest + 1)
 }
 
 /// A follower: joins the coordinator and learns the checkpoint to recover from.
@@ -87,17 +109,17 @@ pub(super) fn follow(membership: &Membership, store: &dyn CheckpointStore) -> Re
     let (peer, mut reader) = cluster::connect(membership)?;
     let what = format!("checkpoint coordinator {}", membership.coordinator);
     let answer = cluster::receive(&mut reader).map_err(|source| CheckpointError::Io { what: what.clone(), source })?;
-    let manifest = match answer {
-        Some(Message::Welcome { restored: Some(id) }) => {
+    let (manifest, next_id) = match answer {
+        Some(Message::Welcome { restored: Some(id), next_id }) => {
             let manifest = check(store, id)?;
             tracing::info!(id = manifest.id, time = manifest.time, "recovering from checkpoint");
-            Some(manifest)
+            (Some(manifest), next_id)
         }
-        Some(Message::Welcome { restored: None }) => None,
+        Some(Message::Welcome { restored: None, next_id }) => (None, next_id),
         Some(Message::Failed { error }) => return Err(CheckpointError::Failed(format!("process 0: {error}"))),
         other => return Err(CheckpointError::Config(format!("{what}: expected a welcome, got {other:?}"))),
     };
-    Ok(Joined { manifest, links: vec![peer], readers: vec![(0, reader)] })
+    Ok(Joined { manifest, next_id, links: vec![peer], readers: vec![(0, reader)] })
 }
 
 /// Handles the messages of the other process at the end of `reader`.

@@ -185,7 +185,7 @@ impl Checkpoints {
             let _ = std::fs::remove_dir_all(store.staging());
         }
         // Cuts lie above the restored time, where the sources resume.
-        let (next_id, published) = restored.as_ref().map_or((1, 0), |r| (r.manifest.id + 1, r.manifest.time));
+        let (next_id, published) = (joined.next_id, restored.as_ref().map_or(0, |r| r.manifest.time));
         let (tx, rx) = mpsc::channel::<Work>();
         let inner = Arc::new(Inner {
             config,

@@ -173,4 +173,14 @@ pub trait PartitionReader: 'static {
     fn pause(&mut self) {}
     /// The partition is read again after [`pause`](Self::pause).
     fn resume(&mut self) {}
+    /// Whether a recovery could resume from the partition's
+    /// [`offset`](Self::offset) now. A database source reading its initial
+    /// snapshot cannot (a restart takes the snapshot anew): while it says
+    /// no, its partition keeps its watermark where it was, so that every
+    /// batch of the snapshot goes out at the time of the first and no
+    /// checkpoint falls inside it; it is never idle; and it reads only with
+    /// flow-control credit.
+    fn resumable(&self) -> bool {
+        true
+    }
 }

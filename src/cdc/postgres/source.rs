@@ -243,6 +243,7 @@ impl Source for PostgresSource {
             shared,
             source_stopped: Arc::clone(&self.stopped),
             offset: from.unwrap_or(0),
+            resumable: from.is_some_and(|o| o > 0),
             hint: None,
             pending: None,
         })
@@ -257,6 +258,9 @@ pub struct PostgresReader {
     shared: Arc<Shared>,
     source_stopped: Arc<AtomicBool>,
     offset: u64,
+    /// Past the initial snapshot (or resumed from an offset): see
+    /// [`PartitionReader::resumable`].
+    resumable: bool,
     hint: Option<Timestamp>,
     pending: Option<SourceError>,
 }
@@ -295,7 +299,10 @@ impl PartitionReader for PostgresReader {
                     dead.extend(bad);
                     self.offset = 0;
                 }
-                Ok(Msg::SnapshotDone { lsn }) => self.offset = lsn,
+                Ok(Msg::SnapshotDone { lsn }) => {
+                    self.offset = lsn;
+                    self.resumable = true;
+                }
                 Ok(Msg::Txn(txn)) => {
                     any |= !txn.changes.is_empty() || !txn.dead.is_empty();
                     taken += txn.changes.len();
@@ -346,5 +353,13 @@ impl PartitionReader for PostgresReader {
     /// poll minus the configured margin.
     fn watermark_hint(&self) -> Option<Timestamp> {
         self.hint
+    }
+
+    /// Not while the initial snapshot is read (the offset is 0 then, and a
+    /// restart takes a new snapshot): no checkpoint holds part of a
+    /// snapshot, whose rows a new snapshot would give again (and whose
+    /// rows deleted meanwhile it would not retract).
+    fn resumable(&self) -> bool {
+        self.resumable
     }
 }

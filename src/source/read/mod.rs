@@ -460,7 +460,10 @@ where
         let may_read_ahead = may_read
             && pending
                 .is_none_or(|time| self.credit.below_at_or_after(time, self.options.max_in_flight / AHEAD_OF_CUT));
-        let behind = |p: &Partition<S::Reader>| pending.is_some_and(|time| emit_time(held, p) < time);
+        // A partition that cannot be resumed from (inside a snapshot) cannot
+        // pass the cut by reading on: it reads with credit only.
+        let behind =
+            |p: &Partition<S::Reader>| p.reader.resumable() && pending.is_some_and(|time| emit_time(held, p) < time);
         let mut any_data = false;
         let interval = self.options.watermark_interval;
         self.open.iter_mut().chain(self.queue.iter_mut()).for_each(|p| p.publish(now, interval));

@@ -94,9 +94,10 @@ impl<R: PartitionReader> Partition<R> {
 
     /// Takes a batch's greatest event time into the watermark: at once
     /// without an `interval` (and for the partition's first records, which
-    /// start it), else at the next [`publish`](Self::publish).
+    /// start it), else at the next [`publish`](Self::publish); while the
+    /// reader is not [`resumable`](PartitionReader::resumable), once it is.
     pub(super) fn observe(&mut self, max_time: Timestamp, now: Instant, interval: Option<Duration>) {
-        if interval.is_some() && self.watermark.max_seen().is_some() {
+        if !self.reader.resumable() || interval.is_some() && self.watermark.max_seen().is_some() {
             self.held_back = Some(self.held_back.map_or(max_time, |t| t.max(max_time)));
         } else {
             self.watermark.observe(max_time);
@@ -104,12 +105,16 @@ impl<R: PartitionReader> Partition<R> {
         }
     }
 
-    /// With a watermark `interval`: lets the event times held back into the
-    /// watermark once `interval` has passed since it last moved (or at once
-    /// if the partition has ended).
+    /// Lets the event times held back into the watermark: with a watermark
+    /// `interval`, once it has passed since the watermark last moved; held
+    /// back because the reader was not [`resumable`](PartitionReader::resumable),
+    /// once it is (at once if the partition has ended).
     pub(super) fn publish(&mut self, now: Instant, interval: Option<Duration>) {
-        let (Some(interval), Some(time)) = (interval, self.held_back) else { return };
-        if self.done || self.published.is_none_or(|at| now.duration_since(at) >= interval) {
+        let Some(time) = self.held_back else { return };
+        if !self.done && !self.reader.resumable() {
+            return; // not yet: see `PartitionReader::resumable`
+        }
+        if self.done || interval.is_none_or(|i| self.published.is_none_or(|at| now.duration_since(at) >= i)) {
             self.watermark.observe(time);
             self.held_back = None;
             self.published = Some(now);
@@ -241,7 +246,8 @@ impl<R: PartitionReader> Partition<R> {
     /// After a read that said `status`: follows the reader's watermark hint,
     /// and tells the end of the partition, its failure and its idleness.
     pub(super) fn settle(&mut self, status: ReadStatus, now: Instant) {
-        if let Some(bound) = self.reader.watermark_hint() {
+        let resumable = self.reader.resumable();
+        if let Some(bound) = self.reader.watermark_hint().filter(|_| resumable) {
             if bound > self.watermark.current() {
                 self.watermark.advance_to(bound);
                 self.watermark.touch(now);
@@ -252,9 +258,9 @@ impl<R: PartitionReader> Partition<R> {
             self.idle = true;
             self.done = true;
             self.held_back.take().into_iter().for_each(|t| self.watermark.observe(t));
-        } else if self.failed || status == ReadStatus::Behind {
+        } else if self.failed || status == ReadStatus::Behind || !resumable {
             // A failed partition holds the watermark where it is; one
-            // behind its known end is slow, not idle.
+            // behind its known end, or inside a snapshot, is slow, not idle.
             self.idle = false;
         } else if status == ReadStatus::Idle && self.watermark.is_idle(now) {
             self.idle = true;

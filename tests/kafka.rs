@@ -802,6 +802,88 @@ fn read_until<R: PartitionReader<Record = String>>(reader: &mut R, got: &mut Vec
     assert!(dead.is_empty(), "{dead:?}");
 }
 
+/// Every record of `topic` with its `diff` header (`None` without one), read
+/// from the beginning of each partition to its end.
+fn changelog_records(brokers: &str, topic: &str) -> Vec<(String, Option<i64>)> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "changelog-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed")
+        .create()
+        .unwrap();
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap();
+    let partitions = metadata.topics()[0].partitions().len() as i32;
+    let mut list = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        list.add_partition_offset(topic, p, rdkafka::Offset::Beginning).unwrap();
+    }
+    consumer.assign(&list).unwrap();
+    let (mut records, mut ended) = (Vec::new(), BTreeSet::new());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ended.len() < partitions as usize && Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                let diff = m.headers().and_then(|h| {
+                    h.iter()
+                        .find(|header| header.key == "diff")
+                        .and_then(|header| std::str::from_utf8(header.value?).ok()?.parse().ok())
+                });
+                records.push((String::from_utf8(m.payload().unwrap_or_default().to_vec()).unwrap(), diff));
+            }
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                ended.insert(p);
+            }
+            Some(Err(e)) => panic!("reading {topic}: {e}"),
+            None => {}
+        }
+    }
+    assert_eq!(ended.len(), partitions as usize, "{topic} not read to its end in 30 s");
+    records
+}
+
+/// An updating query to Kafka (q4: averages that change as auctions close)
+/// writes its changelog: every record has a `diff` header, and the records
+/// summed by their diffs are the query's final rows, as the file run gives
+/// them (at 1 and 2 workers).
+#[test]
+fn an_updating_query_writes_its_changelog_to_kafka_with_diff_headers() {
+    let broker = KafkaBroker::start();
+    let scratch = Scratch::new("kafka", "changelog");
+    let dir = &scratch.0;
+    generate_to_kafka(&broker, "events", 300_000);
+    let brokers = broker.brokers();
+    let file_run = dir.join("q4.csv");
+    run_ok(nexmark("q4", &["--kafka", &brokers, "--topic", "events", "--to", "latest"], &file_run, &["-w", "2"]));
+    let expected: BTreeMap<String, i64> = rows_of(&file_run).into_iter().map(|r| (r, 1)).collect();
+    assert!(expected.len() >= 3, "q4 gave {expected:?}: a vacuous test");
+    for workers in ["1", "2"] {
+        let topic = format!("q4-{workers}");
+        let mut cmd = Command::new(BIN);
+        cmd.args(["nexmark", "-q", "q4", "--kafka", &brokers, "--topic", "events", "--to", "latest"]).args([
+            "--output-topic",
+            &topic,
+            "--",
+            "-w",
+            workers,
+        ]);
+        run_ok(cmd);
+        let records = changelog_records(&brokers, &topic);
+        assert!(records.iter().all(|(_, diff)| matches!(diff, Some(1 | -1))), "a record without a diff of ±1");
+        let retractions = records.iter().filter(|(_, diff)| *diff == Some(-1)).count();
+        assert!(retractions > 0, "q4's averages change: the changelog retracts ({} records)", records.len());
+        let mut sums: BTreeMap<String, i64> = BTreeMap::new();
+        for (row, diff) in records {
+            *sums.entry(row).or_default() += diff.unwrap_or(0);
+        }
+        sums.retain(|_, n| *n != 0);
+        assert_eq!(sums, expected, "-w {workers}: the changelog summed by its diffs");
+    }
+}
+
 /// A partition that flow control holds back is paused: its consumer stops
 /// fetching and drops what it had prefetched (nothing comes while it is
 /// paused, records produced meanwhile included); resumed, it reads on from

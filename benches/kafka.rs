@@ -37,7 +37,6 @@ use std::time::{Duration, Instant};
 use common::{field, median};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
@@ -65,17 +64,8 @@ fn raw_produce(brokers: &str, topic: &str, partitions: i32, file: &std::path::Pa
         .expect("producer");
     let start = Instant::now();
     for (i, line) in lines.iter().enumerate() {
-        let mut record = BaseRecord::<(), [u8]>::to(topic).payload(line).partition(i as i32 % partitions);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), r)) => {
-                    record = r;
-                    producer.poll(Duration::from_millis(1));
-                }
-                Err((e, _)) => panic!("producing: {e}"),
-            }
-        }
+        let record = BaseRecord::<(), [u8]>::to(topic).payload(line).partition(i as i32 % partitions);
+        kafka::send_queued(&producer, record);
         producer.poll(Duration::ZERO);
     }
     producer.flush(Duration::from_secs(120)).expect("flush");

@@ -41,7 +41,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
@@ -97,17 +96,8 @@ fn produce_at_rate(brokers: &str, topic: &str, lines: &[String], rate: u64) -> u
         }
         let event = stamped(line, now_ms());
         bids += u64::from(event.contains("\"bid\":"));
-        let mut record = BaseRecord::<(), str>::to(topic).payload(&event).partition(i as i32 % PARTITIONS);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), r)) => {
-                    record = r;
-                    producer.poll(Duration::from_millis(1));
-                }
-                Err((e, _)) => panic!("producing: {e}"),
-            }
-        }
+        let record = BaseRecord::<(), str>::to(topic).payload(&event).partition(i as i32 % PARTITIONS);
+        kafka::send_queued(&producer, record);
         producer.poll(Duration::ZERO);
     }
     producer.flush(Duration::from_secs(60)).expect("flush");

@@ -104,3 +104,27 @@ impl Drop for KafkaBroker {
         let _ = std::fs::remove_dir_all(&self.data);
     }
 }
+
+/// Sends `record` with `producer`, waiting while librdkafka's queue is full
+/// (the benches produce faster than the broker takes records).
+pub(crate) fn send_queued<K, P>(
+    producer: &rdkafka::producer::BaseProducer,
+    record: rdkafka::producer::BaseRecord<'_, K, P>,
+) where
+    K: rdkafka::message::ToBytes + ?Sized,
+    P: rdkafka::message::ToBytes + ?Sized,
+{
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode;
+    let mut record = record;
+    loop {
+        match producer.send(record) {
+            Ok(()) => return,
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                record = r;
+                producer.poll(Duration::from_millis(1));
+            }
+            Err((e, _)) => panic!("producing: {e}"),
+        }
+    }
+}

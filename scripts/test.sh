@@ -80,7 +80,7 @@ log "cargo doc (every public item documented, no warnings)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 
 log "cargo test (operators, debug: timely's capability checks are debug assertions)"
-cargo test -p highwater-operators --tests
+cargo test -p highwater-operators --features rocksdb --tests
 
 # The same operators, their oracles and their checkpoint tests, with every
 # keyed state on the encoded backend (values kept as bytes behind a write-back
@@ -89,9 +89,25 @@ cargo test -p highwater-operators --tests
 # crash tests, whose processes would inherit the variable, pass on it too,
 # but take four minutes; the operators' checkpoint tests cover recovery.)
 log "cargo test on the encoded state backend (operators debug; oracles release)"
-HIGHWATER_STATE_BACKEND=encoded cargo test -p highwater-operators --tests
+HIGHWATER_STATE_BACKEND=encoded cargo test -p highwater-operators --features rocksdb --tests
 HIGHWATER_STATE_BACKEND=encoded cargo test --workspace --release "${features[@]}" \
     --test nexmark_oracle --test window_oracle --test join_oracle --test cep_oracle
+
+# And on RocksDB (a database per operator and worker under
+# HIGHWATER_STATE_DIR, removed as each operator ends; release: the oracles'
+# inputs are large).
+log "cargo test on the RocksDB state backend (operators and oracles, release)"
+rocks_dir=$(mktemp -d)
+export HIGHWATER_STATE_DIR="$rocks_dir" HIGHWATER_STATE_CACHE=64MiB
+HIGHWATER_STATE_BACKEND=rocksdb cargo test --release -p highwater-operators --features rocksdb --tests
+HIGHWATER_STATE_BACKEND=rocksdb cargo test --workspace --release "${features[@]}" \
+    --test nexmark_oracle --test window_oracle --test join_oracle --test cep_oracle
+unset HIGHWATER_STATE_DIR HIGHWATER_STATE_CACHE
+if [ -n "$(ls -A "$rocks_dir")" ]; then
+    echo "error: the RocksDB state directory was not cleaned up: $(ls "$rocks_dir")" >&2
+    exit 1
+fi
+rm -rf "$rocks_dir"
 
 # The lean build: a user's crate (tests/user-crate) on highwater with default
 # features off compiles no C or C++ library, no TLS, no async runtime and no
@@ -110,7 +126,7 @@ cargo run --manifest-path tests/user-crate/Cargo.toml --locked --target-dir "${C
 rm -rf "$user_dir"
 # In the release profile, so that the C build of librdkafka (kafka) is the
 # one the tests made, not a second one.
-for feature in postgres s3 kafka mqtt; do
+for feature in postgres s3 kafka mqtt rocksdb; do
     cargo check --release --lib --no-default-features --features "$feature"
 done
 

@@ -152,6 +152,14 @@ impl Job {
         Ok(Job::new(config_from_args(args)?))
     }
 
+    /// Keeps the keyed state of the job's operators on `backend` (memory by
+    /// default; [`Backend::RocksDb`](crate::operators::state::Backend) with
+    /// the `rocksdb` feature, for state larger than memory).
+    pub fn state_backend(mut self, backend: crate::operators::state::Backend) -> Self {
+        backend.configure(&mut self.config.worker);
+        self
+    }
+
     /// Checkpoints the job as `config` says.
     pub fn checkpointed(mut self, config: CheckpointConfig) -> Self {
         self.checkpoints = Some(config);

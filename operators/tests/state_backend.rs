@@ -156,7 +156,7 @@ fn across(
     workers: (usize, usize),
     backends: (Backend, Backend),
 ) -> Result<Output<String>, TestCaseError> {
-    let run = check_recovery_across(input, cut, workers, backends, move |events| build(op, events));
+    let run = check_recovery_across(input, cut, workers, backends.clone(), move |events| build(op, events));
     prop_assert!(run.failures.is_empty(), "{op:?} {backends:?}: {:?}", run.failures);
     prop_assert!(run.unsupported.is_empty(), "{op:?}: {:?}", run.unsupported);
     prop_assert_eq!(&run.recovered, &run.expected, "{:?} recovered {:?}", op, backends);
@@ -183,8 +183,23 @@ proptest! {
             let memory = across(op, input, cut, workers, (Backend::Memory, Backend::Encoded))?;
             let encoded = across(op, input, cut, workers, (Backend::Encoded, Backend::Memory))?;
             prop_assert_eq!(&memory, &encoded, "{:?}: memory and encoded differ", op);
+            #[cfg(feature = "rocksdb")]
+            {
+                // Checkpointed on RocksDB, recovered in memory, and back.
+                let on_rocksdb = across(op, input, cut, workers, (rocksdb(), Backend::Memory))?;
+                prop_assert_eq!(&memory, &on_rocksdb, "{:?}: memory and rocksdb differ", op);
+                let back = across(op, input, cut, workers, (Backend::Memory, rocksdb()))?;
+                prop_assert_eq!(&memory, &back, "{:?}: memory and rocksdb differ", op);
+            }
         }
     }
+}
+
+/// The RocksDB backend, under the temporary directory, with a small cache.
+#[cfg(feature = "rocksdb")]
+fn rocksdb() -> Backend {
+    use highwater_operators::state::RocksDbConfig;
+    Backend::RocksDb(RocksDbConfig::new(std::env::temp_dir().join("highwater-state-tests")).cache(16 << 20))
 }
 
 /// A state whose encoding fails for large values.
@@ -263,6 +278,32 @@ fn a_state_that_does_not_encode_on_the_backend_fails_the_checkpointing_naming_th
     assert!(failures[0].contains("Fragile"), "{failures:?}");
     assert!(failures[0].contains("the state backend of state schema test.fragile v1 failed"), "{failures:?}");
     assert!(failures[0].contains("does not encode"), "{failures:?}");
+    // RocksDB likewise.
+    #[cfg(feature = "rocksdb")]
+    {
+        let (totals, failures) = fragile(Some(rocksdb()));
+        assert_eq!(totals, vec![30, 60, 90, 120, 150, 180]);
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(failures[0].contains("the state backend of state schema test.fragile v1 failed"), "{failures:?}");
+        assert!(failures[0].contains("does not encode"), "{failures:?}");
+    }
+}
+
+/// A RocksDB backend whose directory cannot be made fails the job's
+/// checkpointing with the reason, naming the operator's schema; the
+/// operator still works, in memory.
+#[cfg(feature = "rocksdb")]
+#[test]
+fn a_rocksdb_backend_that_does_not_open_fails_the_checkpointing() {
+    use highwater_operators::state::RocksDbConfig;
+    let file = std::env::temp_dir().join(format!("highwater-state-not-a-dir-{}", std::process::id()));
+    std::fs::write(&file, b"x").expect("writes");
+    let (totals, failures) = fragile(Some(Backend::RocksDb(RocksDbConfig::new(file.join("state")))));
+    let _ = std::fs::remove_file(&file);
+    assert_eq!(totals, vec![30, 60, 90, 120, 150, 180]);
+    assert!(!failures.is_empty());
+    assert!(failures[0].contains("cannot make the state directory"), "{failures:?}");
+    assert!(failures[0].contains("test.fragile"), "{failures:?}");
 }
 
 #[test]
@@ -297,13 +338,15 @@ fn a_keyed_process_fires_timers_before_records_that_arrive_after_them_whatever_t
 fn the_environment_chooses_the_backend_of_a_computation_configured_without_one() {
     // What CI's second run of this suite relies on: with
     // HIGHWATER_STATE_BACKEND=encoded every operator's state is encoded.
-    let encoded = std::env::var(highwater_operators::state::BACKEND_ENV).is_ok_and(|v| v == "encoded");
+    // HIGHWATER_STATE_BACKEND=rocksdb, on RocksDB.
+    let name = std::env::var(highwater_operators::state::BACKEND_ENV).unwrap_or_default();
     let (totals, failures) = fragile(None);
     assert_eq!(totals, vec![30, 60, 90, 120, 150, 180]);
-    assert_eq!(failures.len(), usize::from(encoded), "{failures:?}");
+    let on_bytes = name == "encoded" || (cfg!(feature = "rocksdb") && name == "rocksdb");
+    assert_eq!(failures.len(), usize::from(on_bytes), "{failures:?}");
     let config = timely::WorkerConfig::default();
-    let expected = if encoded { Backend::Encoded } else { Backend::Memory };
-    assert_eq!(Backend::of_config(&config), expected);
+    let expected = if on_bytes { name.as_str() } else { "memory" };
+    assert_eq!(Backend::of_config(&config).name(), expected);
 }
 
 #[test]

@@ -18,6 +18,7 @@ mod demo;
 mod generate;
 mod nexmark;
 mod progress;
+mod state;
 
 use clap::{Parser, Subcommand};
 

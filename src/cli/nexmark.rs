@@ -173,6 +173,8 @@ pub(super) struct NexmarkArgs {
     /// Take checkpoints into this directory (or `s3://bucket/prefix`).
     #[arg(long)]
     checkpoint_dir: Option<String>,
+    #[command(flatten)]
+    state: super::state::StateArgs,
     /// Processing time between checkpoints.
     #[arg(long, default_value = "1s", requires = "checkpoint_dir")]
     checkpoint_interval: Millis,
@@ -451,7 +453,9 @@ fn query_header(query: Query) -> &'static [&'static str] {
 pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     let config = crate::cluster::config_from_args(&args.timely)?;
     let checkpointed = args.checkpoint_dir.is_some();
-    let mut job = Job::new(config.clone()).max_drift(args.max_drift.0.map(|d| Duration::from_millis(d.0)));
+    let mut job = Job::new(config.clone())
+        .max_drift(args.max_drift.0.map(|d| Duration::from_millis(d.0)))
+        .state_backend(args.state.backend()?);
     if args.latency {
         if job.in_flight().processes() > 1 {
             bail!("--latency measures on one process (each process sees only its own sources' clocks): drop -n");

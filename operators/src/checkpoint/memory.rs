@@ -361,8 +361,8 @@ where
 {
     let input: Arc<Vec<Input<D>>> = Arc::new(input.to_vec());
     let build = Arc::new(build);
-    let (from, to) = (backends.map(|b| b.0), backends.map(|b| b.1));
-    let expected = run_from(&input, before, None, &build, |_| true, 0, from);
+    let (from, to) = backends.map_or((None, None), |(from, to)| (Some(from), Some(to)));
+    let expected = run_from(&input, before, None, &build, |_| true, 0, from.clone());
     // Checkpointed at the cut, then crashed: only output before the cut is committed.
     let store = MemoryStore::new(before, None);
     let first = run_from(&input, before, Some((store.clone(), Some((cut, late)))), &build, move |t| t < cut, 0, from);

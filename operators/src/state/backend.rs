@@ -47,6 +47,12 @@ pub trait KeyedStateBackend<K, V>: Send + 'static {
     }
     /// Room for `n` more keys (a hint).
     fn reserve(&mut self, n: usize);
+    /// Reads `keys` ahead (a hint): a store on disk reads them in one call
+    /// into the activation's cache, where the next reads find them. The
+    /// default does nothing.
+    fn prefetch(&mut self, keys: &mut dyn Iterator<Item = &K>) {
+        let _ = keys;
+    }
     /// Calls `each` with every key and value, in no particular order (a
     /// snapshot, on a background thread).
     fn for_each(&self, each: &mut dyn FnMut(&K, &V));

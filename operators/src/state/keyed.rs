@@ -14,17 +14,28 @@ pub const BACKEND_ENV: &str = "HIGHWATER_STATE_BACKEND";
 
 /// A backend name that is not one of [`Backend`]'s.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown state backend {0:?}: expected memory or encoded")]
-pub struct UnknownBackend(pub String);
+pub enum UnknownBackend {
+    /// Not a backend's name.
+    #[error("unknown state backend {0:?}: expected memory, encoded or rocksdb")]
+    Unknown(String),
+    /// `rocksdb`, in a build without the `rocksdb` feature.
+    #[error("the rocksdb state backend is not in this build: enable the `rocksdb` feature")]
+    NotBuilt,
+}
 
 impl std::str::FromStr for Backend {
     type Err = UnknownBackend;
 
+    /// `memory`, `encoded`, or `rocksdb` (with [`RocksDbConfig::from_env`](super::RocksDbConfig::from_env)).
     fn from_str(name: &str) -> Result<Self, Self::Err> {
         match name {
             "memory" => Ok(Backend::Memory),
             "encoded" => Ok(Backend::Encoded),
-            other => Err(UnknownBackend(other.to_owned())),
+            #[cfg(feature = "rocksdb")]
+            "rocksdb" => Ok(Backend::RocksDb(super::RocksDbConfig::from_env())),
+            #[cfg(not(feature = "rocksdb"))]
+            "rocksdb" => Err(UnknownBackend::NotBuilt),
+            other => Err(UnknownBackend::Unknown(other.to_owned())),
         }
     }
 }
@@ -41,7 +52,7 @@ impl std::str::FromStr for Backend {
 /// Backend::Encoded.configure(&mut config.worker);
 /// assert_eq!(Backend::of_config(&config.worker), Backend::Encoded);
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Backend {
     /// A hash map per operator ([`InMemory`]): the fastest; state is bounded
     /// by memory.
@@ -50,6 +61,11 @@ pub enum Backend {
     /// Every value kept encoded, with a write-back cache per activation
     /// ([`Encoded`]): the access pattern of an on-disk store, in memory.
     Encoded,
+    /// RocksDB on local disk (feature `rocksdb`): a database per operator and
+    /// worker, a block cache shared by the process
+    /// ([`RocksDbState`](super::RocksDbState)); state larger than memory.
+    #[cfg(feature = "rocksdb")]
+    RocksDb(super::RocksDbConfig),
 }
 
 impl Backend {
@@ -60,12 +76,12 @@ impl Backend {
     }
 
     /// The backend a worker's configuration holds; if none was set, the one
-    /// the environment variable `HIGHWATER_STATE_BACKEND` names (`memory` or
-    /// `encoded`: how a test suite is run on another backend without
-    /// changing its tests); otherwise memory.
+    /// the environment variable `HIGHWATER_STATE_BACKEND` names (`memory`,
+    /// `encoded` or `rocksdb`: how a test suite is run on another backend
+    /// without changing its tests); otherwise memory.
     pub fn of_config(config: &timely::WorkerConfig) -> Backend {
         if let Some(backend) = config.get::<Backend>(BACKEND_KEY) {
-            return *backend;
+            return backend.clone();
         }
         match std::env::var(BACKEND_ENV) {
             Ok(name) => name.parse().unwrap_or_else(|e: UnknownBackend| {
@@ -79,6 +95,86 @@ impl Backend {
     /// The backend of `scope`'s computation.
     pub fn of(scope: &timely::dataflow::Scope<'_, Timestamp>) -> Backend {
         Self::of_config(scope.worker().config())
+    }
+
+    /// The backend's name (`memory`, `encoded`, `rocksdb`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Memory => "memory",
+            Backend::Encoded => "encoded",
+            #[cfg(feature = "rocksdb")]
+            Backend::RocksDb(_) => "rocksdb",
+        }
+    }
+
+    /// What opens the keyed states of the operator `name` on this backend
+    /// ([`KeyedState::open`]); on RocksDB, the operator's database is made
+    /// when its first state opens.
+    pub fn opener(&self, name: &str) -> Opener {
+        Opener {
+            backend: self.clone(),
+            name: name.to_owned(),
+            next_tag: 0,
+            error: None,
+            #[cfg(feature = "rocksdb")]
+            db: None,
+        }
+    }
+}
+
+/// Opens an operator's keyed states on its backend ([`Backend::opener`]):
+/// on RocksDB, all in one database, each under a tag of its own.
+pub struct Opener {
+    backend: Backend,
+    name: String,
+    next_tag: u8,
+    error: Option<String>,
+    #[cfg(feature = "rocksdb")]
+    db: Option<std::sync::Arc<super::rocks::OperatorDb>>,
+}
+
+impl std::fmt::Debug for Opener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opener")
+            .field("backend", &self.backend.name())
+            .field("name", &self.name)
+            .field("opened", &self.next_tag)
+            .field("error", &self.error)
+            .finish()
+    }
+}
+
+impl Opener {
+    /// Why the backend could not be opened (the states then stay in memory),
+    /// if it could not: the caller reports it.
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
+    fn open<K: Key, V: StateValue>(&mut self) -> Store<K, V> {
+        match &self.backend {
+            Backend::Memory => Store::Memory(InMemory::default()),
+            Backend::Encoded => Store::Other(Box::new(Encoded::<K, V>::default())),
+            #[cfg(feature = "rocksdb")]
+            Backend::RocksDb(config) => {
+                if self.error.is_some() {
+                    return Store::Memory(InMemory::default());
+                }
+                if self.db.is_none() {
+                    match config.open(&self.name) {
+                        Ok(db) => self.db = Some(db),
+                        Err(e) => {
+                            self.error = Some(e);
+                            return Store::Memory(InMemory::default());
+                        }
+                    }
+                }
+                let db = std::sync::Arc::clone(self.db.as_ref().expect("opened above"));
+                let tag = self.next_tag;
+                self.next_tag = self.next_tag.checked_add(1).expect("fewer than 256 keyed states in an operator");
+                Store::Other(Box::new(super::RocksDbState::<K, V>::new(db, tag)))
+            }
+        }
     }
 }
 
@@ -96,7 +192,7 @@ impl Backend {
 /// use highwater_operators::state::{Backend, KeyedState};
 /// for backend in [Backend::Memory, Backend::Encoded] {
 ///     let mut counts = KeyedState::<char, u64>::default();
-///     counts.open(backend);
+///     counts.open(&mut backend.opener("counts"));
 ///     *counts.get_or_insert_with('a', || 0) += 1;
 ///     *counts.get_or_insert_with('a', || 0) += 1;
 ///     counts.flush().unwrap();
@@ -134,7 +230,7 @@ impl<K, V> std::fmt::Debug for KeyedState<K, V> {
 /// ([`OperatorState::keyed_states`](super::OperatorState::keyed_states)).
 pub trait AnyKeyedState {
     /// [`KeyedState::open`].
-    fn open(&mut self, backend: Backend);
+    fn open(&mut self, opener: &mut Opener);
     /// [`KeyedState::flush`].
     ///
     /// # Errors
@@ -143,8 +239,8 @@ pub trait AnyKeyedState {
 }
 
 impl<K: Key, V: StateValue> AnyKeyedState for KeyedState<K, V> {
-    fn open(&mut self, backend: Backend) {
-        KeyedState::open(self, backend);
+    fn open(&mut self, opener: &mut Opener) {
+        KeyedState::open(self, opener);
     }
     fn flush(&mut self) -> Result<(), String> {
         KeyedState::flush(self)
@@ -162,13 +258,10 @@ macro_rules! dispatch {
 }
 
 impl<K: Key, V: StateValue> KeyedState<K, V> {
-    /// Puts the state on `backend` (before anything is stored: what the
-    /// state held is dropped).
-    pub fn open(&mut self, backend: Backend) {
-        self.store = match backend {
-            Backend::Memory => Store::Memory(InMemory::default()),
-            Backend::Encoded => Store::Other(Box::new(Encoded::<K, V>::default())),
-        };
+    /// Puts the state on the backend of `opener` (before anything is
+    /// stored: what the state held is dropped).
+    pub fn open(&mut self, opener: &mut Opener) {
+        self.store = opener.open();
     }
 
     /// Puts the state on a backend of the caller's (e.g. one a test wraps
@@ -238,6 +331,18 @@ impl<K: Key, V: StateValue> KeyedState<K, V> {
     /// Room for `n` more keys (a hint).
     pub fn reserve(&mut self, n: usize) {
         dispatch!(&mut self.store, s => s.reserve(n))
+    }
+
+    /// Reads `keys` ahead, in one call on a backend on disk (a hint: in
+    /// memory it does nothing). An operator that is about to visit the keys
+    /// of a batch calls it first.
+    pub fn prefetch<'a>(&mut self, keys: impl IntoIterator<Item = &'a K>)
+    where
+        K: 'a,
+    {
+        if let Store::Other(b) = &mut self.store {
+            b.prefetch(&mut keys.into_iter());
+        }
     }
 
     /// Calls `each` with every key and value, in no particular order.

@@ -44,13 +44,17 @@ mod keyed;
 pub(crate) mod multiset;
 pub(crate) mod pending;
 mod process;
+#[cfg(feature = "rocksdb")]
+mod rocks;
 mod stateful;
 mod timers;
 
 pub use crate::checkpoint::{Schema, StateError};
 pub use backend::{Encoded, InMemory, KeyedStateBackend, StateValue};
-pub use keyed::{AnyKeyedState, Backend, KeyedState, UnknownBackend, BACKEND_ENV};
+pub use keyed::{AnyKeyedState, Backend, KeyedState, Opener, UnknownBackend, BACKEND_ENV};
 pub use process::{KeyedContext, KeyedProcess};
+#[cfg(feature = "rocksdb")]
+pub use rocks::{parse_size, InvalidSize, RocksDbConfig, RocksDbState, SPILL_AT, STATE_CACHE_ENV, STATE_DIR_ENV};
 pub(crate) use stateful::{give_all, ActiveOutput};
 pub use stateful::{GatedInput, InputOf, Managed, OutputOf, RestoredEntries, Stateful, StatefulBuilder};
 pub use timers::Timers;

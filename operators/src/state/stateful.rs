@@ -225,8 +225,9 @@ impl<'scope, S: OperatorState> StatefulBuilder<'scope, S> {
     {
         let checkpointer = self.checkpointer;
         let backend = Backend::of(&self.scope);
+        let name = format!("w{}-op{}", self.scope.worker().index(), self.builder.operator_info().global_id);
         self.builder.build(move |capabilities| {
-            let managed = Managed::new(checkpointer, backend);
+            let managed = Managed::new(checkpointer, &backend, &name);
             constructor(capabilities, managed)
         });
     }
@@ -256,10 +257,22 @@ impl<S> std::fmt::Debug for Managed<S> {
 }
 
 impl<S: OperatorState> Managed<S> {
-    fn new(checkpointer: Option<Checkpointer>, backend: Backend) -> Self {
+    fn new(checkpointer: Option<Checkpointer>, backend: &Backend, name: &str) -> Self {
         let mut state = S::default();
-        state.keyed_states(&mut |keyed| keyed.open(backend));
-        Managed { state, checkpointer, away: None, is_away: Cell::new(false), backend_failed: false }
+        let mut opener = backend.opener(name);
+        state.keyed_states(&mut |keyed| keyed.open(&mut opener));
+        let mut managed = Managed { state, checkpointer, away: None, is_away: Cell::new(false), backend_failed: false };
+        if let Some(reason) = opener.error() {
+            // The states stay in memory; a checkpointed job fails, as on any
+            // failure of its backend.
+            managed.backend_failed = true;
+            let error = StateError::Backend { schema: S::SCHEMA, reason: reason.to_owned() };
+            match managed.checkpointer.as_ref() {
+                Some(c) => c.fail(error),
+                None => tracing::error!(%error, "the state backend did not open: keyed state stays in memory"),
+            }
+        }
+        managed
     }
 
     /// Writes back what the activation changed in the state's

@@ -1,0 +1,649 @@
+//! Keyed state in RocksDB on local disk (feature `rocksdb`): state larger
+//! than memory.
+//!
+//! Each stateful operator on each worker has a RocksDB database of its own
+//! (so that its state can be taken at its own cut), in a fresh directory
+//! under the configured one, removed when the operator is dropped: the
+//! database is working storage, not the durable copy (that is the
+//! checkpoint), so it is written without a write-ahead log. The operator's
+//! keyed states share the database, each under a tag byte. Every process
+//! shares one LRU block cache (index and filter blocks included, so it
+//! bounds what reads hold in memory) between its databases; each database
+//! has a bounded write buffer.
+//!
+//! A key is stored as `[tag][routing hash, 8 bytes big-endian][postcard
+//! key]`: one state is a prefix, and a range of routing hashes (a worker's
+//! share after a rescale) a key range. Values are postcard. Reads go
+//! through a cache of the activation: a value read is decoded once, a
+//! value changed is encoded once, and what an activation changed is
+//! written as one `WriteBatch` at its end ([`KeyedStateBackend::flush`]);
+//! the cache is also written out whenever it holds [`SPILL_AT`] keys, so
+//! that an activation (or a restore) touching millions of keys does not
+//! hold them all.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use rocksdb::{BlockBasedOptions, Cache, DBCompressionType, Options, ReadOptions, WriteBatch, WriteOptions, DB};
+
+use super::backend::{KeyedStateBackend, StateValue};
+use crate::key::{route, Key, StateMap};
+
+/// The number of keys an activation's cache holds before it is written out.
+pub const SPILL_AT: usize = 16_384;
+
+/// The environment variable naming the directory of [`RocksDbConfig::from_env`].
+pub const STATE_DIR_ENV: &str = "HIGHWATER_STATE_DIR";
+/// The environment variable giving the block cache size of
+/// [`RocksDbConfig::from_env`] (`256MiB`, `1GiB`, or bytes).
+pub const STATE_CACHE_ENV: &str = "HIGHWATER_STATE_CACHE";
+
+/// A size that is not a number of bytes with an optional unit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid size {0:?}: expected bytes with an optional unit (KiB, MiB, GiB), e.g. 256MiB")]
+pub struct InvalidSize(pub String);
+
+/// Parses a size such as `256MiB`, `1GiB`, `512KiB`, `64MB` or `1048576`.
+///
+/// ```
+/// use highwater_operators::state::parse_size;
+/// assert_eq!(parse_size("256MiB"), Ok(256 << 20));
+/// assert_eq!(parse_size("1 GiB"), Ok(1 << 30));
+/// assert_eq!(parse_size("4096"), Ok(4096));
+/// assert!(parse_size("lots").is_err());
+/// ```
+pub fn parse_size(text: &str) -> Result<usize, InvalidSize> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: usize = digits.parse().map_err(|_| InvalidSize(text.to_owned()))?;
+    let scale: usize = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return Err(InvalidSize(text.to_owned())),
+    };
+    n.checked_mul(scale).ok_or_else(|| InvalidSize(text.to_owned()))
+}
+
+/// Where and with how much memory the RocksDB backend keeps state.
+///
+/// ```
+/// use highwater_operators::state::{Backend, RocksDbConfig};
+/// let dir = std::env::temp_dir().join("highwater-doc-rocksdb");
+/// let mut config = timely::Config::thread();
+/// Backend::RocksDb(RocksDbConfig::new(&dir).cache(64 << 20)).configure(&mut config.worker);
+/// assert!(matches!(Backend::of_config(&config.worker), Backend::RocksDb(_)));
+/// ```
+#[derive(Clone)]
+pub struct RocksDbConfig {
+    dir: PathBuf,
+    cache_bytes: usize,
+    write_buffer_bytes: usize,
+    /// The block cache, made when the first database opens and shared by
+    /// every database of this configuration (all the workers of a process).
+    cache: Arc<OnceLock<Cache>>,
+}
+
+impl std::fmt::Debug for RocksDbConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RocksDbConfig")
+            .field("dir", &self.dir)
+            .field("cache_bytes", &self.cache_bytes)
+            .field("write_buffer_bytes", &self.write_buffer_bytes)
+            .finish()
+    }
+}
+
+impl PartialEq for RocksDbConfig {
+    fn eq(&self, other: &Self) -> bool {
+        self.dir == other.dir
+            && self.cache_bytes == other.cache_bytes
+            && self.write_buffer_bytes == other.write_buffer_bytes
+    }
+}
+
+impl Eq for RocksDbConfig {}
+
+impl RocksDbConfig {
+    /// The default block cache: 256 MiB per process.
+    pub const DEFAULT_CACHE: usize = 256 << 20;
+    /// The default write buffer (memtable) of each database: 16 MiB, at most
+    /// three of them (one being written out).
+    pub const DEFAULT_WRITE_BUFFER: usize = 16 << 20;
+
+    /// State in databases under `dir` (made if missing), with the default cache.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        RocksDbConfig {
+            dir: dir.into(),
+            cache_bytes: Self::DEFAULT_CACHE,
+            write_buffer_bytes: Self::DEFAULT_WRITE_BUFFER,
+            cache: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// A block cache of `bytes` (shared by the process's databases).
+    pub fn cache(mut self, bytes: usize) -> Self {
+        self.cache_bytes = bytes;
+        self
+    }
+
+    /// A write buffer of `bytes` per database.
+    pub fn write_buffer(mut self, bytes: usize) -> Self {
+        self.write_buffer_bytes = bytes.max(1 << 20);
+        self
+    }
+
+    /// The directory the databases are made under.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The block cache's size.
+    pub fn cache_bytes(&self) -> usize {
+        self.cache_bytes
+    }
+
+    /// The configuration the environment gives: the directory
+    /// `HIGHWATER_STATE_DIR` (default: `highwater-state` in the temporary
+    /// directory) and the cache `HIGHWATER_STATE_CACHE` (default 256 MiB; a
+    /// size that does not parse is warned about and ignored).
+    pub fn from_env() -> Self {
+        let dir =
+            std::env::var_os(STATE_DIR_ENV).map_or_else(|| std::env::temp_dir().join("highwater-state"), PathBuf::from);
+        let mut config = RocksDbConfig::new(dir);
+        if let Ok(size) = std::env::var(STATE_CACHE_ENV) {
+            match parse_size(&size) {
+                Ok(bytes) => config.cache_bytes = bytes,
+                Err(e) => tracing::warn!(%e, "{STATE_CACHE_ENV} is ignored"),
+            }
+        }
+        config
+    }
+
+    fn block_cache(&self) -> &Cache {
+        self.cache.get_or_init(|| Cache::new_lru_cache(self.cache_bytes))
+    }
+
+    /// Opens a new database for the operator `name` (its directory is removed
+    /// when the last of its states is dropped).
+    pub(crate) fn open(&self, name: &str) -> Result<Arc<OperatorDb>, String> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        static SWEPT: OnceLock<()> = OnceLock::new();
+        std::fs::create_dir_all(&self.dir)
+            .map_err(|e| format!("cannot make the state directory {}: {e}", self.dir.display()))?;
+        SWEPT.get_or_init(|| sweep(&self.dir));
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let clean: String =
+            name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).take(48).collect();
+        let dir = self.dir.join(format!("highwater-{}-{n}-{clean}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(self.block_cache());
+        table.set_cache_index_and_filter_blocks(true);
+        table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+        table.set_bloom_filter(10.0, false);
+        table.set_block_size(16 << 10);
+        let mut options = Options::default();
+        options.create_if_missing(true);
+        options.set_block_based_table_factory(&table);
+        options.set_write_buffer_size(self.write_buffer_bytes);
+        options.set_max_write_buffer_number(3);
+        options.set_compression_type(DBCompressionType::Lz4);
+        options.set_bottommost_compression_type(DBCompressionType::Zstd);
+        options.set_max_background_jobs(2);
+        options.set_max_open_files(512);
+        options.set_keep_log_file_num(2);
+        let db = DB::open(&options, &dir).map_err(|e| format!("cannot open RocksDB in {}: {e}", dir.display()))?;
+        tracing::debug!(dir = %dir.display(), "opened a RocksDB state store");
+        Ok(Arc::new(OperatorDb { db: Some(db), dir }))
+    }
+}
+
+/// Removes the databases of processes that are gone (killed before they
+/// could remove their own): directories `highwater-<pid>-…` whose process
+/// no longer runs (Linux; elsewhere nothing is removed).
+fn sweep(dir: &Path) {
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("highwater-")).and_then(|n| n.split('-').next())
+        else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            tracing::info!(dir = %entry.path().display(), "removing the state of a process that is gone");
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// One operator's database on one worker; removed from disk when dropped.
+pub(crate) struct OperatorDb {
+    db: Option<DB>,
+    dir: PathBuf,
+}
+
+impl OperatorDb {
+    fn db(&self) -> &DB {
+        self.db.as_ref().expect("open until dropped")
+    }
+}
+
+impl Drop for OperatorDb {
+    fn drop(&mut self) {
+        drop(self.db.take());
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// What the cache of an activation holds for a key.
+struct Slot<V> {
+    /// The value (`None`: absent, or removed).
+    value: Option<V>,
+    /// Whether it was (or may have been) changed: written back at the flush.
+    dirty: bool,
+}
+
+/// Keyed state in a RocksDB database ([`Backend::RocksDb`](super::Backend::RocksDb)):
+/// see the module's documentation.
+pub struct RocksDbState<K, V> {
+    db: Arc<OperatorDb>,
+    tag: u8,
+    /// The keys the activation touched.
+    cache: StateMap<K, Slot<V>>,
+    /// The number of keys, counting the cache's changes.
+    len: usize,
+    /// The first failure (reported by the next flush).
+    failed: Mutex<Option<String>>,
+}
+
+impl<K, V> std::fmt::Debug for RocksDbState<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RocksDbState")
+            .field("dir", &self.db.dir)
+            .field("tag", &self.tag)
+            .field("cached", &self.cache.len())
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl<K: Key, V: StateValue> RocksDbState<K, V> {
+    /// The state tagged `tag` in `db` (empty: the database is new).
+    pub(crate) fn new(db: Arc<OperatorDb>, tag: u8) -> Self {
+        RocksDbState { db, tag, cache: StateMap::default(), len: 0, failed: Mutex::new(None) }
+    }
+
+    fn fail(&self, reason: String) {
+        let mut failed = self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        failed.get_or_insert(reason);
+    }
+
+    fn key_bytes(&self, key: &K) -> Option<Vec<u8>> {
+        let mut bytes = Vec::with_capacity(24);
+        bytes.push(self.tag);
+        bytes.extend_from_slice(&route(key).to_be_bytes());
+        match postcard::to_extend(key, bytes) {
+            Ok(bytes) => Some(bytes),
+            Err(e) => {
+                self.fail(format!("a key of the state does not encode: {e} ({key:?})"));
+                None
+            }
+        }
+    }
+
+    /// Reads `key` from the database.
+    fn read(&self, key: &K) -> Option<V> {
+        let kb = self.key_bytes(key)?;
+        match self.db.db().get_pinned(&kb) {
+            Ok(Some(bytes)) => match crate::checkpoint::decode::<V>(&bytes) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    self.fail(format!("a stored value does not decode: {e} (key {key:?})"));
+                    None
+                }
+            },
+            Ok(None) => None,
+            Err(e) => {
+                self.fail(format!("RocksDB read failed: {e}"));
+                None
+            }
+        }
+    }
+
+    /// Brings `key` into the cache (marked `dirty` if it is to change);
+    /// whether it has a value.
+    fn load(&mut self, key: &K, dirty: bool) -> bool {
+        if let Some(slot) = self.cache.get_mut(key) {
+            slot.dirty |= dirty;
+            return slot.value.is_some();
+        }
+        if self.cache.len() >= SPILL_AT {
+            if let Err(e) = self.flush() {
+                self.fail(e);
+            }
+        }
+        let value = self.read(key);
+        let present = value.is_some();
+        self.cache.insert(key.clone(), Slot { value, dirty });
+        present
+    }
+
+    /// The bounds of this state's keys.
+    fn bounds(&self) -> ReadOptions {
+        let mut read = ReadOptions::default();
+        read.set_iterate_lower_bound(vec![self.tag]);
+        if self.tag < u8::MAX {
+            read.set_iterate_upper_bound(vec![self.tag + 1]);
+        }
+        read.fill_cache(false);
+        read
+    }
+
+    /// Calls `each` with every stored key and value the cache does not hold,
+    /// decoded, with the stored key's bytes and value's bytes; what does not
+    /// decode is reported by the next flush.
+    fn for_each_stored(&self, mut each: impl FnMut(&[u8], &[u8], K, V)) {
+        let mut it = self.db.db().raw_iterator_opt(self.bounds());
+        it.seek_to_first();
+        while it.valid() {
+            let (Some(kb), Some(vb)) = (it.key(), it.value()) else { break };
+            match crate::checkpoint::decode::<K>(kb.get(9..).unwrap_or_default()) {
+                Ok(key) if self.cache.contains_key(&key) => {}
+                Ok(key) => match crate::checkpoint::decode::<V>(vb) {
+                    Ok(v) => each(kb, vb, key, v),
+                    Err(e) => self.fail(format!("a stored value does not decode: {e} (key {key:?})")),
+                },
+                Err(e) => self.fail(format!("a stored key does not decode: {e}")),
+            }
+            it.next();
+        }
+        if let Err(e) = it.status() {
+            self.fail(format!("RocksDB iteration failed: {e}"));
+        }
+    }
+
+    /// Writes `batch`, without the write-ahead log (see the module).
+    fn write(&self, batch: WriteBatch) -> Result<(), String> {
+        let mut options = WriteOptions::default();
+        options.disable_wal(true);
+        self.db.db().write_opt(batch, &options).map_err(|e| format!("RocksDB write failed: {e}"))
+    }
+
+    /// A pass over every stored key not in the cache: `visit` may change the
+    /// value (written back if its encoding changed) or return false to
+    /// remove it. Written in batches as it goes; the cache's keys are the
+    /// caller's.
+    fn pass_stored(&mut self, visit: &mut dyn FnMut(&K, &mut V) -> bool) {
+        let mut batch = WriteBatch::default();
+        let mut removed = 0;
+        let mut failures = Vec::new();
+        self.for_each_stored(|kb, vb, k, mut v| {
+            if !visit(&k, &mut v) {
+                batch.delete(kb);
+                removed += 1;
+            } else {
+                match crate::checkpoint::encode(&v) {
+                    Ok(new) if new != vb => batch.put(kb, new),
+                    Ok(_) => {}
+                    Err(e) => failures.push(format!("a value of the state does not encode: {e} (key {k:?})")),
+                }
+            }
+            if batch.len() >= 4096 {
+                if let Err(e) = self.write(std::mem::take(&mut batch)) {
+                    failures.push(e);
+                }
+            }
+        });
+        if !batch.is_empty() {
+            if let Err(e) = self.write(batch) {
+                failures.push(e);
+            }
+        }
+        self.len -= removed;
+        for f in failures {
+            self.fail(f);
+        }
+    }
+}
+
+impl<K: Key, V: StateValue> KeyedStateBackend<K, V> for RocksDbState<K, V> {
+    fn get(&mut self, key: &K) -> Option<&V> {
+        self.load(key, false);
+        self.cache.get(key).and_then(|s| s.value.as_ref())
+    }
+    fn get_mut(&mut self, key: &K) -> Option<&mut V> {
+        self.load(key, true);
+        self.cache.get_mut(key).and_then(|s| s.value.as_mut())
+    }
+    fn get_or_insert_with(&mut self, key: K, make: &mut dyn FnMut() -> V) -> &mut V {
+        if !self.load(&key, true) {
+            self.len += 1;
+        }
+        let slot = self.cache.entry(key).or_insert(Slot { value: None, dirty: true });
+        slot.value.get_or_insert_with(make)
+    }
+    fn insert(&mut self, key: K, value: V) -> Option<V> {
+        if !self.load(&key, true) {
+            self.len += 1;
+        }
+        let slot = self.cache.entry(key).or_insert(Slot { value: None, dirty: true });
+        slot.value.replace(value)
+    }
+    fn remove(&mut self, key: &K) -> Option<V> {
+        if !self.load(key, true) {
+            return None;
+        }
+        self.len -= 1;
+        self.cache.get_mut(key).and_then(|s| s.value.take())
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn reserve(&mut self, n: usize) {
+        self.cache.reserve(n.min(SPILL_AT));
+    }
+    fn prefetch(&mut self, keys: &mut dyn Iterator<Item = &K>) {
+        let mut wanted: Vec<(K, Vec<u8>)> = Vec::new();
+        for key in keys {
+            if self.cache.len() + wanted.len() >= SPILL_AT {
+                break;
+            }
+            if !self.cache.contains_key(key) {
+                if let Some(kb) = self.key_bytes(key) {
+                    wanted.push((key.clone(), kb));
+                }
+            }
+        }
+        if wanted.is_empty() {
+            return;
+        }
+        let read = self.db.db().multi_get(wanted.iter().map(|(_, kb)| kb));
+        for ((key, _), result) in wanted.into_iter().zip(read) {
+            let value = match result {
+                Ok(Some(bytes)) => match crate::checkpoint::decode::<V>(&bytes) {
+                    Ok(v) => Some(v),
+                    Err(e) => {
+                        self.fail(format!("a stored value does not decode: {e} (key {key:?})"));
+                        None
+                    }
+                },
+                Ok(None) => None,
+                Err(e) => {
+                    self.fail(format!("RocksDB read failed: {e}"));
+                    None
+                }
+            };
+            self.cache.entry(key).or_insert(Slot { value, dirty: false });
+        }
+    }
+    fn for_each(&self, each: &mut dyn FnMut(&K, &V)) {
+        self.for_each_stored(|_, _, k, v| each(&k, &v));
+        for (k, slot) in &self.cache {
+            if let Some(v) = &slot.value {
+                each(k, v);
+            }
+        }
+    }
+    fn for_each_mut(&mut self, each: &mut dyn FnMut(&K, &mut V)) {
+        for (k, slot) in &mut self.cache {
+            if let Some(v) = &mut slot.value {
+                slot.dirty = true;
+                each(k, v);
+            }
+        }
+        self.pass_stored(&mut |k, v| {
+            each(k, v);
+            true
+        });
+    }
+    fn retain(&mut self, keep: &mut dyn FnMut(&K, &mut V) -> bool) {
+        let mut removed = 0;
+        for (k, slot) in &mut self.cache {
+            if let Some(v) = &mut slot.value {
+                slot.dirty = true;
+                if !keep(k, v) {
+                    slot.value = None;
+                    removed += 1;
+                }
+            }
+        }
+        self.len -= removed;
+        self.pass_stored(keep);
+    }
+    fn flush(&mut self) -> Result<(), String> {
+        let mut first_error = None;
+        let mut kept = StateMap::default();
+        let mut batch = WriteBatch::default();
+        for (k, slot) in self.cache.drain() {
+            if !slot.dirty {
+                continue;
+            }
+            let mut kb = Vec::with_capacity(24);
+            kb.push(self.tag);
+            kb.extend_from_slice(&route(&k).to_be_bytes());
+            let Ok(kb) = postcard::to_extend(&k, kb) else {
+                first_error.get_or_insert_with(|| format!("a key of the state does not encode ({k:?})"));
+                kept.insert(k, slot);
+                continue;
+            };
+            match &slot.value {
+                None => batch.delete(kb),
+                Some(v) => match crate::checkpoint::encode(v) {
+                    Ok(vb) => batch.put(kb, vb),
+                    Err(e) => {
+                        first_error
+                            .get_or_insert_with(|| format!("a value of the state does not encode: {e} (key {k:?})"));
+                        kept.insert(k, slot);
+                    }
+                },
+            }
+        }
+        self.cache = kept;
+        if !batch.is_empty() {
+            if let Err(e) = self.write(batch) {
+                first_error.get_or_insert(e);
+            }
+        }
+        let failed = self.failed.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        match failed.or(first_error) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_config(name: &str) -> RocksDbConfig {
+        let dir = std::env::temp_dir().join(format!("highwater-rocks-unit-{name}-{}", std::process::id()));
+        RocksDbConfig::new(dir).cache(8 << 20)
+    }
+
+    /// The RocksDB backend against a hash map, through random operations
+    /// with flushes, prefetches and whole-state passes in between, on two
+    /// states of one database, more keys than the cache spills at.
+    #[test]
+    fn rocksdb_agrees_with_a_map() {
+        let config = temp_config("agree");
+        let db = config.open("agree").expect("opens");
+        let dir = db.dir.clone();
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut states = [RocksDbState::<u32, Vec<u32>>::new(Arc::clone(&db), 0), RocksDbState::new(db, 1)];
+        let mut models = [std::collections::HashMap::<u32, Vec<u32>>::new(), std::collections::HashMap::new()];
+        for step in 0..60_000u32 {
+            let which = (next() % 2) as usize;
+            let (st, model) = (&mut states[which], &mut models[which]);
+            let k = (next() % 40_000) as u32;
+            match next() % 100 {
+                0..=29 => assert_eq!(st.insert(k, vec![step]), model.insert(k, vec![step])),
+                30..=39 => assert_eq!(st.remove(&k), model.remove(&k)),
+                40..=59 => assert_eq!(st.get(&k), model.get(&k)),
+                60..=79 => {
+                    st.get_or_insert_with(k, &mut Vec::new).push(step);
+                    model.entry(k).or_default().push(step);
+                }
+                80..=89 => {
+                    if let Some(v) = st.get_mut(&k) {
+                        v.push(step);
+                    }
+                    if let Some(v) = model.get_mut(&k) {
+                        v.push(step);
+                    }
+                }
+                90 => {
+                    let keys: Vec<u32> = (0..50).map(|_| (next() % 40_000) as u32).collect();
+                    st.prefetch(&mut keys.iter());
+                }
+                91 if step % 7 == 0 => {
+                    let m = next() % 5;
+                    st.retain(&mut |k, v| (*k as u64 + v.len() as u64) % 5 != m);
+                    model.retain(|k, v| (*k as u64 + v.len() as u64) % 5 != m);
+                }
+                92 if step % 7 == 0 => {
+                    st.for_each_mut(&mut |_, v| v.push(1));
+                    model.values_mut().for_each(|v| v.push(1));
+                }
+                _ => st.flush().expect("flushes"),
+            }
+            assert_eq!(st.len(), model.len());
+        }
+        for (st, model) in states.iter_mut().zip(models) {
+            st.flush().expect("flushes");
+            let mut listed = Vec::new();
+            st.for_each(&mut |k, v| listed.push((*k, v.clone())));
+            listed.sort();
+            let mut expected: Vec<_> = model.into_iter().collect();
+            expected.sort();
+            assert_eq!(listed.len(), expected.len());
+            assert_eq!(listed, expected);
+        }
+        assert!(dir.exists());
+        drop(states);
+        assert!(!dir.exists(), "the database is removed with its last state");
+    }
+
+    #[test]
+    fn a_directory_that_cannot_be_made_is_an_error() {
+        let file = std::env::temp_dir().join(format!("highwater-rocks-unit-file-{}", std::process::id()));
+        std::fs::write(&file, b"not a directory").expect("writes");
+        let err = RocksDbConfig::new(file.join("state")).open("x").err().expect("fails");
+        assert!(err.contains("cannot make the state directory"), "{err}");
+        let _ = std::fs::remove_file(file);
+    }
+}

@@ -286,6 +286,8 @@ where
                     break;
                 }
                 let (time, updates) = entry.remove_entry();
+                // One read of the batch's keys on a backend on disk.
+                table.prefetch(updates.iter().map(|(k, _, _)| k));
                 for (k, d, r) in updates {
                     let (acc, changed) = table.get_or_insert_with(k.clone(), || (agg.init(), false));
                     if !*changed {

@@ -447,6 +447,11 @@ where
         let arrived = arrival_time(cap);
         let mut session = results.session(cap);
         for batch in data {
+            if lefts.prefetches() {
+                let keys: Vec<K> = batch.iter().map(|(record, _, _)| (self.key_left)(record)).collect();
+                lefts.prefetch(&keys);
+                rights.prefetch(&keys);
+            }
             for (record, time, diff) in batch.drain(..) {
                 if self.lateness.release_at(time.saturating_add(1)) <= arrived {
                     late.session(cap).give((record, time, diff));
@@ -502,6 +507,11 @@ where
         let arrived = arrival_time(cap);
         let mut session = results.session(cap);
         for batch in data {
+            if rights.prefetches() {
+                let keys: Vec<K> = batch.iter().map(|(record, _, _)| (self.key_right)(record)).collect();
+                lefts.prefetch(&keys);
+                rights.prefetch(&keys);
+            }
             for (record, time, diff) in batch.drain(..) {
                 if self.lateness.release_at(time.saturating_add(1)) <= arrived {
                     late.session(cap).give((record, time, diff));

@@ -60,6 +60,10 @@ pub trait KeyedStateBackend<K, V>: Send + 'static {
     fn for_each_mut(&mut self, each: &mut dyn FnMut(&K, &mut V));
     /// Keeps the keys for which `keep` is true (and the changes it made).
     fn retain(&mut self, keep: &mut dyn FnMut(&K, &mut V) -> bool);
+    /// Removes every key.
+    fn clear(&mut self) {
+        self.retain(&mut |_, _| false);
+    }
     /// Writes back what changed since the last flush.
     ///
     /// # Errors

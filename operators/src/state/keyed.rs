@@ -171,7 +171,7 @@ impl Opener {
                 }
                 let db = std::sync::Arc::clone(self.db.as_ref().expect("opened above"));
                 let tag = self.next_tag;
-                self.next_tag = self.next_tag.checked_add(1).expect("fewer than 256 keyed states in an operator");
+                self.next_tag += 1;
                 Store::Other(Box::new(super::RocksDbState::<K, V>::new(db, tag)))
             }
         }
@@ -333,6 +333,13 @@ impl<K: Key, V: StateValue> KeyedState<K, V> {
         dispatch!(&mut self.store, s => s.reserve(n))
     }
 
+    /// Whether [`prefetch`](Self::prefetch) does anything (the backend keeps
+    /// values as bytes): an operator computes the keys to prefetch only then.
+    #[inline]
+    pub fn prefetches(&self) -> bool {
+        matches!(self.store, Store::Other(_))
+    }
+
     /// Reads `keys` ahead, in one call on a backend on disk (a hint: in
     /// memory it does nothing). An operator that is about to visit the keys
     /// of a batch calls it first.
@@ -373,7 +380,7 @@ impl<K: Key, V: StateValue> KeyedState<K, V> {
     pub fn clear(&mut self) {
         match &mut self.store {
             Store::Memory(m) => m.0.clear(),
-            Store::Other(b) => b.retain(&mut |_, _| false),
+            Store::Other(b) => b.clear(),
         }
     }
 

@@ -192,8 +192,12 @@ impl RocksDbConfig {
         options.set_block_based_table_factory(&table);
         options.set_write_buffer_size(self.write_buffer_bytes);
         options.set_max_write_buffer_number(3);
+        // Most reads of a growing state miss (a new key): a bloom filter of
+        // the memtables' keys answers them without a skip-list search.
+        options.set_memtable_prefix_bloom_ratio(0.1);
+        options.set_memtable_whole_key_filtering(true);
+        options.set_level_compaction_dynamic_level_bytes(true);
         options.set_compression_type(DBCompressionType::Lz4);
-        options.set_bottommost_compression_type(DBCompressionType::Zstd);
         options.set_max_background_jobs(2);
         options.set_max_open_files(512);
         options.set_keep_log_file_num(2);
@@ -276,8 +280,9 @@ impl<K, V> std::fmt::Debug for RocksDbState<K, V> {
 }
 
 impl<K: Key, V: StateValue> RocksDbState<K, V> {
-    /// The state tagged `tag` in `db` (empty: the database is new).
+    /// The state tagged `tag` (below 255) in `db` (empty: the database is new).
     pub(crate) fn new(db: Arc<OperatorDb>, tag: u8) -> Self {
+        assert!(tag < u8::MAX, "at most 255 keyed states in an operator");
         RocksDbState { db, tag, cache: StateMap::default(), len: 0, failed: Mutex::new(None) }
     }
 
@@ -340,9 +345,7 @@ impl<K: Key, V: StateValue> RocksDbState<K, V> {
     fn bounds(&self) -> ReadOptions {
         let mut read = ReadOptions::default();
         read.set_iterate_lower_bound(vec![self.tag]);
-        if self.tag < u8::MAX {
-            read.set_iterate_upper_bound(vec![self.tag + 1]);
-        }
+        read.set_iterate_upper_bound(vec![self.tag + 1]);
         read.fill_cache(false);
         read
     }
@@ -465,22 +468,34 @@ impl<K: Key, V: StateValue> KeyedStateBackend<K, V> for RocksDbState<K, V> {
         if wanted.is_empty() {
             return;
         }
-        let read = self.db.db().multi_get(wanted.iter().map(|(_, kb)| kb));
+        wanted.sort_unstable_by(|a, b| a.1.cmp(&b.1));
+        wanted.dedup_by(|a, b| a.1 == b.1);
+        let db = self.db.db();
+        let Some(cf) = db.cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME) else { return };
+        let read = db.batched_multi_get_cf(cf, wanted.iter().map(|(_, kb)| kb), true);
+        let mut failures = Vec::new();
+        let mut found = Vec::with_capacity(wanted.len());
         for ((key, _), result) in wanted.into_iter().zip(read) {
             let value = match result {
                 Ok(Some(bytes)) => match crate::checkpoint::decode::<V>(&bytes) {
                     Ok(v) => Some(v),
                     Err(e) => {
-                        self.fail(format!("a stored value does not decode: {e} (key {key:?})"));
+                        failures.push(format!("a stored value does not decode: {e} (key {key:?})"));
                         None
                     }
                 },
                 Ok(None) => None,
                 Err(e) => {
-                    self.fail(format!("RocksDB read failed: {e}"));
+                    failures.push(format!("RocksDB read failed: {e}"));
                     None
                 }
             };
+            found.push((key, value));
+        }
+        for f in failures {
+            self.fail(f);
+        }
+        for (key, value) in found {
             self.cache.entry(key).or_insert(Slot { value, dirty: false });
         }
     }
@@ -517,6 +532,16 @@ impl<K: Key, V: StateValue> KeyedStateBackend<K, V> for RocksDbState<K, V> {
         }
         self.len -= removed;
         self.pass_stored(keep);
+    }
+    fn clear(&mut self) {
+        self.cache.clear();
+        self.len = 0;
+        let mut batch = WriteBatch::default();
+        // Tags stop below 255 (the opener's limit): `tag + 1` bounds them.
+        batch.delete_range(vec![self.tag], vec![self.tag + 1]);
+        if let Err(e) = self.write(batch) {
+            self.fail(e);
+        }
     }
     fn flush(&mut self) -> Result<(), String> {
         let mut first_error = None;
@@ -614,6 +639,10 @@ mod tests {
                     let m = next() % 5;
                     st.retain(&mut |k, v| (*k as u64 + v.len() as u64) % 5 != m);
                     model.retain(|k, v| (*k as u64 + v.len() as u64) % 5 != m);
+                }
+                93 if step % 53 == 0 => {
+                    st.clear();
+                    model.clear();
                 }
                 92 if step % 7 == 0 => {
                     st.for_each_mut(&mut |_, v| v.push(1));

@@ -251,6 +251,47 @@ fn the_store_round_trips_and_reports_damage() {
     store.delete(2).unwrap();
     store.delete(2).unwrap();
     assert!(moto.keys("bucket", "api/").is_empty());
+    store.put_manifest(2, b"another").unwrap();
+
+    // Shared files (a state backend's SSTs): put once, listed beside the
+    // checkpoints (not as one), read back checked, and deleted by garbage
+    // collection once no kept checkpoint lists them.
+    use highwater::checkpoint::store::{collect_garbage, shared_name};
+    let sst = tmp.0.join("000007.sst");
+    std::fs::write(&sst, &small).unwrap();
+    let old = store.put_shared(&shared_name(3, "db-000007.sst"), &sst).unwrap();
+    let kept = store.put_shared(&shared_name(4, "db-000008.sst"), &sst).unwrap();
+    let pending = store.put_shared(&shared_name(6, "db-000009.sst"), &sst).unwrap();
+    assert_eq!((kept.size, kept.crc32), (small.len() as u64, crc32fast::hash(&small)));
+    assert_eq!(store.list_shared().unwrap(), [old.name.clone(), kept.name.clone(), pending.name.clone()]);
+    assert_eq!(store.list().unwrap(), [2]);
+    let back = tmp.0.join("back.sst");
+    reader.get_shared(&kept, &back).unwrap();
+    assert_eq!(std::fs::read(&back).unwrap(), small);
+    let mut wrong = kept.clone();
+    wrong.size += 1;
+    assert!(matches!(reader.get_shared(&wrong, &tmp.0.join("w")), Err(CheckpointError::Corrupt { .. })));
+    let manifest = highwater::checkpoint::Manifest {
+        format_version: highwater::checkpoint::FORMAT_VERSION,
+        id: 5,
+        time: 5,
+        fingerprint: String::new(),
+        workers: 1,
+        created_unix_ms: 0,
+        sources: Default::default(),
+        shards: vec![],
+        sinks: vec![],
+        schemas: Default::default(),
+        shared: vec![kept.clone()],
+    };
+    store.put_manifest(5, &manifest.to_bytes()).unwrap();
+    collect_garbage(&store, 1, 5).unwrap();
+    assert_eq!(store.list().unwrap(), [5]);
+    assert_eq!(store.list_shared().unwrap(), [kept.name.clone(), pending.name.clone()]);
+    store.delete(5).unwrap();
+    store.delete_shared(&kept.name).unwrap();
+    store.delete_shared(&pending.name).unwrap();
+    assert!(moto.keys("bucket", "api/").is_empty());
 
     // A missing bucket is an error naming it, not a panic.
     let err = S3Store::open("s3://no-such-bucket/x").unwrap().list().unwrap_err();

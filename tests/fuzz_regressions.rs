@@ -338,6 +338,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             committed: "c".into(),
             rows: 9,
         }],
+        shared: vec![],
     };
     add("manifest", "body", serde_json::to_vec_pretty(&manifest).expect("serializes"));
     add("manifest", "file", manifest.to_bytes());

@@ -46,6 +46,12 @@ pub struct Manifest {
     /// (none listed: the schemas are not known, and not checked).
     #[serde(default)]
     pub schemas: BTreeMap<String, Schema>,
+    /// The shared files of the store this checkpoint uses (a state backend's
+    /// files, put by this checkpoint or an earlier one; see
+    /// [`store`](super::store)): garbage collection keeps every file a kept
+    /// checkpoint lists.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared: Vec<FileInfo>,
 }
 
 impl Manifest {
@@ -170,6 +176,7 @@ mod tests {
             )]),
             shards: vec![ShardInfo { worker: 0, entries: 3, files: vec![] }],
             sinks: vec![],
+            shared: vec![],
         }
     }
 

@@ -150,6 +150,10 @@ impl S3Store {
         self.checkpoint_prefix(id).join(format!("shard-{worker}")).join(file)
     }
 
+    fn shared_key(&self, name: &str) -> ObjectPath {
+        self.prefix.clone().join("shared").join(name)
+    }
+
     fn manifest_key(&self, id: CheckpointId) -> ObjectPath {
         self.checkpoint_prefix(id).join("MANIFEST")
     }
@@ -366,6 +370,48 @@ impl CheckpointStore for S3Store {
         })?;
         super::store::check_part(self.url(&key), &bytes, info)?;
         Ok(bytes.to_vec())
+    }
+
+    fn put_shared(&self, name: &str, local: &Path) -> Result<FileInfo, CheckpointError> {
+        let mut info = file_info(local)?;
+        self.upload(local, &self.shared_key(name))?;
+        info.name = name.to_owned();
+        Ok(info)
+    }
+
+    fn get_shared(&self, info: &FileInfo, to: &Path) -> Result<(), CheckpointError> {
+        let key = self.shared_key(&info.name);
+        let actual = self.download(&key, to).map_err(|e| match e {
+            CheckpointError::ObjectStore { source, .. }
+                if source.downcast_ref::<object_store::Error>().is_some_and(is_not_found) =>
+            {
+                CheckpointError::Corrupt { what: self.url(&key), reason: "missing".into() }
+            }
+            e => e,
+        })?;
+        if actual.size != info.size || actual.crc32 != info.crc32 {
+            let _ = std::fs::remove_file(to);
+            return Err(CheckpointError::Corrupt {
+                what: self.url(&key),
+                reason: format!(
+                    "{} bytes with crc32 {:08x}, the manifest says {} bytes with crc32 {:08x}",
+                    actual.size, actual.crc32, info.size, info.crc32
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn list_shared(&self) -> Result<Vec<String>, CheckpointError> {
+        let prefix = self.prefix.clone().join("shared");
+        let mut names: Vec<String> =
+            self.keys_under(&prefix)?.iter().filter_map(|k| k.filename().map(str::to_owned)).collect();
+        names.sort();
+        Ok(names)
+    }
+
+    fn delete_shared(&self, name: &str) -> Result<(), CheckpointError> {
+        self.delete_key(&self.shared_key(name))
     }
 
     fn delete(&self, id: CheckpointId) -> Result<(), CheckpointError> {

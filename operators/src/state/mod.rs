@@ -54,7 +54,9 @@ pub use backend::{Encoded, InMemory, KeyedStateBackend, StateValue};
 pub use keyed::{AnyKeyedState, Backend, KeyedState, Opener, UnknownBackend, BACKEND_ENV};
 pub use process::{KeyedContext, KeyedProcess};
 #[cfg(feature = "rocksdb")]
-pub use rocks::{parse_size, InvalidSize, RocksDbConfig, RocksDbState, SPILL_AT, STATE_CACHE_ENV, STATE_DIR_ENV};
+pub use rocks::{
+    parse_size, BackendFiles, InvalidSize, RocksDbConfig, RocksDbState, SPILL_AT, STATE_CACHE_ENV, STATE_DIR_ENV,
+};
 pub(crate) use stateful::{give_all, ActiveOutput};
 pub use stateful::{GatedInput, InputOf, Managed, OutputOf, RestoredEntries, Stateful, StatefulBuilder};
 pub use timers::Timers;

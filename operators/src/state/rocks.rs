@@ -238,6 +238,64 @@ impl OperatorDb {
     fn db(&self) -> &DB {
         self.db.as_ref().expect("open until dropped")
     }
+
+    /// Takes a RocksDB checkpoint of the database into `dir` (which must not
+    /// exist): the memtables are written out, and the live SST files are
+    /// hard-linked, not copied, so it takes time proportional to what
+    /// changed since the last one. The SST files are immutable and named
+    /// uniquely within the database: with the database's identity
+    /// ([`BackendFiles::identity`]) they name a file for good, which is what
+    /// an incremental checkpoint puts into its store once.
+    pub(crate) fn checkpoint(&self, dir: &Path) -> Result<BackendFiles, String> {
+        let checkpoint = rocksdb::checkpoint::Checkpoint::new(self.db())
+            .map_err(|e| format!("RocksDB checkpoint of {}: {e}", self.dir.display()))?;
+        checkpoint
+            .create_checkpoint(dir)
+            .map_err(|e| format!("RocksDB checkpoint of {} into {}: {e}", self.dir.display(), dir.display()))?;
+        let identity = std::fs::read_to_string(self.dir.join("IDENTITY"))
+            .map_err(|e| format!("reading the identity of {}: {e}", self.dir.display()))?
+            .trim()
+            .to_owned();
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(|e| format!("listing {}: {e}", dir.display()))? {
+            let entry = entry.map_err(|e| format!("listing {}: {e}", dir.display()))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let size = entry.metadata().map_err(|e| format!("{}: {e}", entry.path().display()))?.len();
+            files.push((name, size));
+        }
+        files.sort();
+        Ok(BackendFiles { dir: dir.to_owned(), identity, files })
+    }
+}
+
+/// A RocksDB checkpoint of an operator's database on local disk
+/// ([`OperatorDb::checkpoint`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendFiles {
+    /// Where its files are.
+    pub dir: PathBuf,
+    /// The database's identity (a UUID RocksDB writes when it makes the database).
+    pub identity: String,
+    /// Its files' names and sizes.
+    pub files: Vec<(String, u64)>,
+}
+
+impl BackendFiles {
+    /// Whether the file `name` is immutable (an SST file: shared between
+    /// checkpoints); the others (the database's MANIFEST, CURRENT, OPTIONS)
+    /// belong to this checkpoint only.
+    pub fn is_shared(name: &str) -> bool {
+        name.ends_with(".sst")
+    }
+
+    /// The SST files of this checkpoint that `before` (an earlier checkpoint
+    /// of the same database) does not have: what an incremental checkpoint
+    /// puts into its store.
+    pub fn new_since<'a>(&'a self, before: Option<&BackendFiles>) -> Vec<&'a (String, u64)> {
+        let known =
+            |name: &str| before.is_some_and(|b| b.identity == self.identity && b.files.iter().any(|(n, _)| n == name));
+        self.files.iter().filter(|(name, _)| Self::is_shared(name) && !known(name)).collect()
+    }
 }
 
 impl Drop for OperatorDb {
@@ -284,6 +342,17 @@ impl<K: Key, V: StateValue> RocksDbState<K, V> {
     pub(crate) fn new(db: Arc<OperatorDb>, tag: u8) -> Self {
         assert!(tag < u8::MAX, "at most 255 keyed states in an operator");
         RocksDbState { db, tag, cache: StateMap::default(), len: 0, failed: Mutex::new(None) }
+    }
+
+    /// Takes a RocksDB checkpoint of this state's database (every keyed
+    /// state of its operator) into `dir`, which must not exist, by hard
+    /// links: see [`BackendFiles`]. What was changed since the last
+    /// [`flush`](KeyedStateBackend::flush) is not in it.
+    ///
+    /// # Errors
+    /// RocksDB's, or the file system's, as a message.
+    pub fn checkpoint_database(&self, dir: &Path) -> Result<BackendFiles, String> {
+        self.db.checkpoint(dir)
     }
 
     fn fail(&self, reason: String) {
@@ -665,6 +734,46 @@ mod tests {
         assert!(dir.exists());
         drop(states);
         assert!(!dir.exists(), "the database is removed with its last state");
+    }
+
+    /// RocksDB checkpoints by hard link: the second one, after a small
+    /// change to a large state, shares all but a small part of its SST
+    /// bytes with the first; its files reopen as a database with the state.
+    #[test]
+    fn a_checkpoint_after_a_small_change_adds_few_new_bytes() {
+        let config = temp_config("checkpoint");
+        let db = config.open("checkpoint").expect("opens");
+        let scratch = db.dir.with_extension("checkpoints");
+        let _ = std::fs::remove_dir_all(&scratch);
+        std::fs::create_dir_all(&scratch).unwrap();
+        let mut state = RocksDbState::<u64, String>::new(Arc::clone(&db), 0);
+        let value = |k: u64| format!("{k:08}-{}", "x".repeat(200));
+        for k in 0..100_000u64 {
+            state.insert(k, value(k));
+            if k % 5000 == 0 {
+                state.flush().unwrap();
+            }
+        }
+        state.flush().unwrap();
+        let first = state.checkpoint_database(&scratch.join("1")).expect("checkpoint 1");
+        let total: u64 = first.new_since(None).iter().map(|(_, size)| size).sum();
+        for k in 100_000..101_000u64 {
+            state.insert(k, value(k));
+        }
+        state.flush().unwrap();
+        let second = state.checkpoint_database(&scratch.join("2")).expect("checkpoint 2");
+        let new: u64 = second.new_since(Some(&first)).iter().map(|(_, size)| size).sum();
+        let all: u64 = second.files.iter().filter(|(n, _)| BackendFiles::is_shared(n)).map(|(_, s)| s).sum();
+        assert!(total > 1_000_000, "the state is large: {total} bytes");
+        assert!(new * 10 < all, "a 1% change added {new} of {all} bytes");
+        assert_eq!(first.identity, second.identity);
+        // The second checkpoint's files are a database holding the state.
+        let reopened = DB::open_for_read_only(&Options::default(), scratch.join("2"), false).expect("reopens");
+        assert_eq!(reopened.iterator(rocksdb::IteratorMode::Start).count(), 101_000);
+        drop(reopened);
+        drop(state);
+        drop(db);
+        let _ = std::fs::remove_dir_all(&scratch);
     }
 
     #[test]

@@ -12,7 +12,6 @@ use crate::operators::checkpoint::{CheckpointId, Cut, Entry};
 
 use super::super::cluster::{Message, ProcessPart};
 use super::super::manifest::{Manifest, PartitionState, ShardInfo, FORMAT_VERSION};
-use super::super::store::CheckpointStore;
 use super::super::{kill, shard, CheckpointError};
 use super::phase::{Collecting, Effect};
 use super::{lock, Inner};
@@ -193,6 +192,7 @@ fn write_manifest(
         shards,
         sinks,
         schemas,
+        shared: Vec::new(),
     };
     store.put_manifest(id, &manifest.to_bytes())?;
     kill::point("sink-commit");
@@ -207,26 +207,10 @@ fn write_manifest(
         write = ?started.elapsed(),
         "checkpoint committed"
     );
-    collect_garbage(store, inner.config.keep, id)?;
+    super::super::store::collect_garbage(store, inner.config.keep, id)?;
     Ok(manifest)
 }
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
-
-/// Keeps the newest `keep` complete checkpoints up to `newest`; deletes the
-/// rest and incomplete ones older than `newest`.
-fn collect_garbage(store: &dyn CheckpointStore, keep: usize, newest: CheckpointId) -> Result<(), CheckpointError> {
-    let ids = store.list()?;
-    let mut kept = 0;
-    for &id in ids.iter().rev().filter(|id| **id <= newest) {
-        let complete = store.get_manifest(id)?.is_some();
-        if complete && kept < keep {
-            kept += 1;
-        } else if id != newest {
-            store.delete(id)?;
-        }
-    }
-    Ok(())
 }

@@ -60,6 +60,12 @@ pub trait KeyedStateBackend<K, V>: Send + 'static {
     fn for_each_mut(&mut self, each: &mut dyn FnMut(&K, &mut V));
     /// Keeps the keys for which `keep` is true (and the changes it made).
     fn retain(&mut self, keep: &mut dyn FnMut(&K, &mut V) -> bool);
+    /// A RocksDB checkpoint of the database the state is in, if it is in one.
+    #[cfg(feature = "rocksdb")]
+    fn database_checkpoint(&self, dir: &std::path::Path) -> Option<Result<super::BackendFiles, String>> {
+        let _ = dir;
+        None
+    }
     /// Removes every key.
     fn clear(&mut self) {
         self.retain(&mut |_, _| false);

@@ -145,6 +145,22 @@ impl std::fmt::Debug for Opener {
 }
 
 impl Opener {
+    /// Opens the database files in `dir` (a RocksDB checkpoint of an
+    /// operator's database, [`AnyKeyedState::database_checkpoint`]) read-only:
+    /// the operator's keyed states, opened with it in the order they were,
+    /// read what the checkpoint holds. The files are left in place.
+    ///
+    /// # Errors
+    /// RocksDB's, as a message.
+    #[cfg(feature = "rocksdb")]
+    pub fn from_database_files(dir: &std::path::Path) -> Result<Opener, String> {
+        let config = super::RocksDbConfig::new(dir);
+        let db = config.open_read_only(dir)?;
+        let mut opener = Backend::RocksDb(config).opener("restore");
+        opener.db = Some(db);
+        Ok(opener)
+    }
+
     /// Why the backend could not be opened (the states then stay in memory),
     /// if it could not: the caller reports it.
     pub fn error(&self) -> Option<&str> {
@@ -236,6 +252,25 @@ pub trait AnyKeyedState {
     /// # Errors
     /// The backend's.
     fn flush(&mut self) -> Result<(), String>;
+    /// Takes the state's contents out, leaving it empty in memory (so that
+    /// a snapshot taken meanwhile holds the operator's state without this
+    /// keyed state), to be put back by [`attach`](Self::attach).
+    fn detach(&mut self) -> Detached;
+    /// Puts back what [`detach`](Self::detach) took out.
+    fn attach(&mut self, detached: Detached);
+    /// A RocksDB checkpoint of the state's database into `dir`, if the state
+    /// is on RocksDB ([`RocksDbState::checkpoint_database`](super::RocksDbState::checkpoint_database)).
+    #[cfg(feature = "rocksdb")]
+    fn database_checkpoint(&self, dir: &std::path::Path) -> Option<Result<super::BackendFiles, String>>;
+}
+
+/// The contents of a keyed state taken out by [`AnyKeyedState::detach`].
+pub struct Detached(Box<dyn std::any::Any + Send>);
+
+impl std::fmt::Debug for Detached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Detached").finish_non_exhaustive()
+    }
 }
 
 impl<K: Key, V: StateValue> AnyKeyedState for KeyedState<K, V> {
@@ -244,6 +279,22 @@ impl<K: Key, V: StateValue> AnyKeyedState for KeyedState<K, V> {
     }
     fn flush(&mut self) -> Result<(), String> {
         KeyedState::flush(self)
+    }
+    fn detach(&mut self) -> Detached {
+        Detached(Box::new(std::mem::replace(&mut self.store, Store::Memory(InMemory::default()))))
+    }
+    fn attach(&mut self, detached: Detached) {
+        match detached.0.downcast::<Store<K, V>>() {
+            Ok(store) => self.store = *store,
+            Err(_) => unreachable!("a keyed state is attached what it detached"),
+        }
+    }
+    #[cfg(feature = "rocksdb")]
+    fn database_checkpoint(&self, dir: &std::path::Path) -> Option<Result<super::BackendFiles, String>> {
+        match &self.store {
+            Store::Memory(_) => None,
+            Store::Other(b) => b.database_checkpoint(dir),
+        }
     }
 }
 

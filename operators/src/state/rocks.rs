@@ -203,7 +203,21 @@ impl RocksDbConfig {
         options.set_keep_log_file_num(2);
         let db = DB::open(&options, &dir).map_err(|e| format!("cannot open RocksDB in {}: {e}", dir.display()))?;
         tracing::debug!(dir = %dir.display(), "opened a RocksDB state store");
-        Ok(Arc::new(OperatorDb { db: Some(db), dir }))
+        Ok(Arc::new(OperatorDb { db: Some(db), dir, remove: true }))
+    }
+
+    /// Opens the database in `dir` (a checkpoint's files) read-only, through
+    /// this configuration's block cache; the files stay when it is dropped.
+    pub(crate) fn open_read_only(&self, dir: &Path) -> Result<Arc<OperatorDb>, String> {
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(self.block_cache());
+        table.set_cache_index_and_filter_blocks(true);
+        let mut options = Options::default();
+        options.set_block_based_table_factory(&table);
+        options.set_max_open_files(512);
+        let db = DB::open_for_read_only(&options, dir, false)
+            .map_err(|e| format!("cannot open the RocksDB checkpoint in {}: {e}", dir.display()))?;
+        Ok(Arc::new(OperatorDb { db: Some(db), dir: dir.to_owned(), remove: false }))
     }
 }
 
@@ -232,6 +246,9 @@ fn sweep(dir: &Path) {
 pub(crate) struct OperatorDb {
     db: Option<DB>,
     dir: PathBuf,
+    /// Whether the directory is removed with the database (working
+    /// databases are; a checkpoint's files opened to read are not).
+    remove: bool,
 }
 
 impl OperatorDb {
@@ -269,7 +286,7 @@ impl OperatorDb {
 }
 
 /// A RocksDB checkpoint of an operator's database on local disk
-/// ([`OperatorDb::checkpoint`]).
+/// ([`RocksDbState::checkpoint_database`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackendFiles {
     /// Where its files are.
@@ -301,7 +318,9 @@ impl BackendFiles {
 impl Drop for OperatorDb {
     fn drop(&mut self) {
         drop(self.db.take());
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if self.remove {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -521,6 +540,9 @@ impl<K: Key, V: StateValue> KeyedStateBackend<K, V> for RocksDbState<K, V> {
     }
     fn reserve(&mut self, n: usize) {
         self.cache.reserve(n.min(SPILL_AT));
+    }
+    fn database_checkpoint(&self, dir: &Path) -> Option<Result<BackendFiles, String>> {
+        Some(self.checkpoint_database(dir))
     }
     fn prefetch(&mut self, keys: &mut dyn Iterator<Item = &K>) {
         let mut wanted: Vec<(K, Vec<u8>)> = Vec::new();

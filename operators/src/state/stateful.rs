@@ -472,3 +472,152 @@ impl<S: OperatorState> RestoredEntries<S> {
         }
     }
 }
+
+/// The entries of `state` without its keyed states: what a snapshot holds
+/// besides the keyed states that an incremental checkpoint takes as the
+/// backend's files ([`AnyKeyedState::database_checkpoint`](super::AnyKeyedState::database_checkpoint)).
+/// Each keyed state is taken out ([`AnyKeyedState::detach`](super::AnyKeyedState::detach))
+/// while `snapshot` runs, and put back.
+///
+/// # Errors
+/// A value that does not encode.
+pub fn snapshot_without_keyed<S: OperatorState>(
+    state: &mut S,
+    prepared: S::Prepared,
+) -> Result<Vec<crate::checkpoint::Entry>, StateError> {
+    let mut aside = Vec::new();
+    state.keyed_states(&mut |keyed| aside.push(keyed.detach()));
+    let mut out = Snapshot::new(S::SCHEMA);
+    state.snapshot(prepared, &mut out);
+    let mut aside = aside.into_iter();
+    state.keyed_states(&mut |keyed| {
+        if let Some(detached) = aside.next() {
+            keyed.attach(detached);
+        }
+    });
+    out.finish()
+}
+
+/// The entries that the database files in `dir` (a RocksDB checkpoint of an
+/// operator's database) hold for `S`, of the keys whose routing hash falls
+/// on `worker` of `workers`: the operator's own
+/// [`snapshot`](OperatorState::snapshot) over keyed states opened on the
+/// files, so that a recovery restores them, with the entries of
+/// [`snapshot_without_keyed`], through the operator's usual restore, on any
+/// number of workers.
+///
+/// # Errors
+/// The files do not open, or a stored key or value does not decode.
+#[cfg(feature = "rocksdb")]
+pub fn entries_from_database<S: OperatorState>(
+    dir: &std::path::Path,
+    prepared: S::Prepared,
+    worker: usize,
+    workers: usize,
+) -> Result<Vec<crate::checkpoint::Entry>, StateError> {
+    let backend = |reason| StateError::Backend { schema: S::SCHEMA, reason };
+    let mut opener = super::Opener::from_database_files(dir).map_err(backend)?;
+    let mut state = S::default();
+    state.keyed_states(&mut |keyed| keyed.open(&mut opener));
+    let mut out = Snapshot::new(S::SCHEMA);
+    state.snapshot(prepared, &mut out);
+    let mut failed = None;
+    // Nothing was changed: a flush writes nothing and reports what failed to read.
+    state.keyed_states(&mut |keyed| {
+        if let Err(e) = keyed.flush() {
+            failed.get_or_insert(e);
+        }
+    });
+    if let Some(reason) = failed {
+        return Err(backend(reason));
+    }
+    let workers = workers.max(1) as u64;
+    Ok(out.finish()?.into_iter().filter(|(route, _)| route % workers == worker as u64).collect())
+}
+
+#[cfg(all(test, feature = "rocksdb"))]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::key::route;
+    use crate::state::{AnyKeyedState, KeyedState, RocksDbConfig};
+
+    /// Counts per key in a keyed state, and records waiting per key beside it.
+    #[derive(Default)]
+    struct Split {
+        counts: KeyedState<u32, u64>,
+        waiting: Vec<(u32, u64)>,
+    }
+
+    impl OperatorState for Split {
+        const SCHEMA: Schema = Schema::new("test.split", 1);
+        type Entry = (u32, Option<u64>, Vec<u64>);
+        type Prepared = ();
+        fn keyed_states(&mut self, each: &mut dyn FnMut(&mut dyn AnyKeyedState)) {
+            each(&mut self.counts);
+        }
+        fn snapshot(&self, (): (), out: &mut Snapshot) {
+            let mut waiting: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+            for (k, v) in &self.waiting {
+                waiting.entry(*k).or_default().push(*v);
+            }
+            self.counts.for_each(|k, n| out.push(route(k), &(k, Some(n), waiting.remove(k).unwrap_or_default())));
+            for (k, w) in waiting {
+                out.push(route(&k), &(k, None::<u64>, w));
+            }
+        }
+    }
+
+    /// What restoring `entries` gives: per key, its count and waiting records.
+    fn restored(entries: &[crate::checkpoint::Entry]) -> BTreeMap<u32, (Option<u64>, Vec<u64>)> {
+        let mut out: BTreeMap<u32, (Option<u64>, Vec<u64>)> = BTreeMap::new();
+        for (_, bytes) in entries {
+            let (k, n, mut w): (u32, Option<u64>, Vec<u64>) = crate::checkpoint::decode(bytes).unwrap();
+            let slot = out.entry(k).or_default();
+            slot.0 = slot.0.or(n);
+            slot.1.append(&mut w);
+            slot.1.sort_unstable();
+        }
+        out
+    }
+
+    /// The database's files plus the snapshot without the keyed state restore
+    /// what the whole snapshot restores, on one worker and split over three.
+    #[test]
+    fn database_files_and_the_rest_restore_the_whole_snapshot() {
+        let dir = std::env::temp_dir().join(format!("highwater-split-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut opener = crate::state::Backend::RocksDb(RocksDbConfig::new(dir.join("work"))).opener("split");
+        let mut state = Split::default();
+        state.keyed_states(&mut |keyed| keyed.open(&mut opener));
+        for k in 0..5_000u32 {
+            state.counts.insert(k, u64::from(k) * 3);
+        }
+        state.counts.flush().unwrap();
+        state.waiting = (4_990..5_010u32).map(|k| (k, u64::from(k) + 1)).collect();
+        let mut whole = Snapshot::new(Split::SCHEMA);
+        state.snapshot((), &mut whole);
+        let whole = whole.finish().unwrap();
+
+        let files = state.counts.database_checkpoint(&dir.join("chk")).expect("on RocksDB").unwrap();
+        assert!(files.files.iter().any(|(name, _)| name.ends_with(".sst")), "{files:?}");
+        let rest = snapshot_without_keyed(&mut state, ()).unwrap();
+        assert_eq!(rest.len(), 20, "the waiting records only");
+        assert_eq!(state.counts.len(), 5_000, "the keyed state is back");
+
+        for workers in [1, 3] {
+            for worker in 0..workers {
+                let mine = |e: &crate::checkpoint::Entry| e.0 % workers as u64 == worker as u64;
+                let expected: Vec<_> = whole.iter().filter(|e| mine(e)).cloned().collect();
+                let mut split = entries_from_database::<Split>(&files.dir, (), worker, workers).unwrap();
+                split.extend(rest.iter().filter(|e| mine(e)).cloned());
+                assert_eq!(restored(&split), restored(&expected), "worker {worker} of {workers}");
+                assert!(!restored(&expected).is_empty());
+            }
+        }
+        assert!(entries_from_database::<Split>(&dir.join("missing"), (), 0, 1).is_err());
+        drop(state);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

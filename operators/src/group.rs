@@ -56,6 +56,13 @@ where
         each(&mut self.table);
     }
 
+    /// Splits for incremental checkpoints: an entry per key of the table
+    /// (with the key's waiting input, if any), and the waiting input of keys
+    /// not in it on their own, which restore merges.
+    fn split_prepared() -> Option<Self::Prepared> {
+        Some(())
+    }
+
     /// The state as checkpoint entries, one per key, routed by the key as the
     /// operator's exchange routes it. Taken when the watermark is at the cut and
     /// every time below it is applied: `pending` holds only input at or after the

@@ -108,6 +108,11 @@ impl<K: Key, L: Data, R: Data> OperatorState for IntervalState<K, L, R> {
         each(&mut self.rights);
     }
 
+    /// Its keyed states hold all of it (splits for incremental checkpoints).
+    fn split_prepared() -> Option<Self::Prepared> {
+        Some(())
+    }
+
     fn snapshot(&self, (): (), out: &mut Snapshot) {
         out.reserve(self.lefts.len() + self.rights.len());
         self.lefts.for_each(|k, held| out.push(route(k), &Sided::<_, _, ()>::Left(k, held)));

@@ -108,6 +108,19 @@ pub trait OperatorState: Default + Send + 'static {
         let _ = each;
     }
 
+    /// Whether the state splits for incremental checkpoints, and the
+    /// [`Prepared`](Self::Prepared) value a snapshot of its keyed part takes:
+    /// `Some` if [`snapshot`](Self::snapshot) over the keyed states alone
+    /// (the others empty, as a recovery opens them on a checkpoint's
+    /// database files, `entries_from_database` with the `rocksdb` feature), plus `snapshot` with the
+    /// keyed states taken out ([`snapshot_without_keyed`]), restore exactly
+    /// what the whole snapshot restores. The default, `None`: the state is
+    /// checkpointed whole. State whose snapshot writes an entry per key of a
+    /// keyed state, and entries of the rest on their own (or none), splits.
+    fn split_prepared() -> Option<Self::Prepared> {
+        None
+    }
+
     /// Reads an entry written under `version` of the schema, one of
     /// [`MIGRATES_FROM`](Self::MIGRATES_FROM).
     fn migrate(version: u32, bytes: &[u8]) -> Result<Self::Entry, StateError> {

@@ -388,6 +388,11 @@ impl<K: Key, V: Data> OperatorState for Upserts<K, V> {
         each(&mut self.0);
     }
 
+    /// Its keyed states hold all of it (splits for incremental checkpoints).
+    fn split_prepared() -> Option<Self::Prepared> {
+        Some(())
+    }
+
     fn snapshot(&self, (): (), out: &mut Snapshot) {
         out.reserve(self.0.len());
         self.0.for_each(|k, h| out.push(route(k), &(k, h)));

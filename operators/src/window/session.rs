@@ -122,6 +122,11 @@ where
         each(&mut self.0);
     }
 
+    /// Its keyed states hold all of it (splits for incremental checkpoints).
+    fn split_prepared() -> Option<Self::Prepared> {
+        Some(())
+    }
+
     fn snapshot(&self, (): (), out: &mut Snapshot) {
         out.reserve(self.0.len());
         self.0.for_each(|k, state| out.push(route(k), &(k, state)));

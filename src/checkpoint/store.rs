@@ -287,19 +287,7 @@ impl CheckpointStore for LocalStore {
     fn get_shard(&self, id: CheckpointId, worker: usize, files: &[FileInfo]) -> Result<PathBuf, CheckpointError> {
         let dir = self.checkpoint_dir(id).join(format!("shard-{worker}"));
         for expected in files {
-            let path = dir.join(&expected.name);
-            let what = path.display().to_string();
-            let actual =
-                file_info(&path).map_err(|e| CheckpointError::Corrupt { what: what.clone(), reason: e.to_string() })?;
-            if actual.size != expected.size || actual.crc32 != expected.crc32 {
-                return Err(CheckpointError::Corrupt {
-                    what,
-                    reason: format!(
-                        "{} bytes with crc32 {:08x}, the manifest says {} bytes with crc32 {:08x}",
-                        actual.size, actual.crc32, expected.size, expected.crc32
-                    ),
-                });
-            }
+            check_file(&dir.join(&expected.name), expected)?;
         }
         Ok(dir)
     }

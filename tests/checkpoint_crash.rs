@@ -35,6 +35,8 @@ struct Job {
     interval: &'static str,
     /// Keyed state on RocksDB under this directory (default: memory).
     state: Option<PathBuf>,
+    /// More arguments of the query.
+    extra: Vec<String>,
 }
 
 impl Job {
@@ -46,6 +48,7 @@ impl Job {
             output: dir.join(format!("{name}-out")),
             interval: "150ms",
             state: None,
+            extra: Vec::new(),
         }
     }
 
@@ -63,6 +66,7 @@ impl Job {
         if let Some(state) = &self.state {
             cmd.args(["--state-backend", "rocksdb", "--state-cache", "16MiB", "--state-dir"]).arg(state);
         }
+        cmd.args(&self.extra);
         cmd.args(["--", "-w", &workers.to_string()]).stdout(Stdio::null()).stderr(Stdio::piped());
         cmd
     }
@@ -246,8 +250,9 @@ fn kills_while_writing_a_shard_the_manifest_or_committing_recover() {
     let scratch = Scratch::new("crash", "points");
     let input = Input::Generator(6_000_000);
     let (expected, _) = reference("q5", &input, &scratch.0);
-    for point in ["shard-write:20", "manifest-write:2", "sink-commit:2"] {
-        let job = Job::new("q5", &input, &scratch.0, &point.replace(':', "-"));
+    for point in ["shard-write:8", "manifest-write:2", "sink-commit:2"] {
+        let mut job = Job::new("q5", &input, &scratch.0, &point.replace(':', "-"));
+        job.interval = "40ms";
         killed_at(point, &job, 2);
         if point.starts_with("sink-commit") {
             // The manifest is there, the part is not yet renamed into place.
@@ -322,7 +327,9 @@ fn damaged_checkpoints_fall_back_to_the_previous_one() {
     for (name, damage) in
         [("truncated", truncate), ("flipped", flip), ("no-manifest", no_manifest), ("bad-manifest", bad_manifest)]
     {
-        let job = Job::new("q5", &input, &scratch.0, name);
+        let mut job = Job::new("q5", &input, &scratch.0, name);
+        // Checkpoints often enough to reach the fourth however fast the run is.
+        job.interval = "40ms";
         killed_at("sink-commit:4", &job, 2);
         let newest = newest_checkpoint(&job.checkpoints);
         damage(&newest);
@@ -417,10 +424,87 @@ fn the_rocksdb_backend_recovers_from_kills_onto_other_worker_counts() {
             killed_at("sink-commit:3", &job, 3);
             job.run_ok(1);
             assert_same(query, &job.committed(), &expected.0, 1, false);
+            // Killed between putting a checkpoint's database files and its
+            // manifest: the recovery skips that checkpoint, and garbage
+            // collection deletes its files.
+            let mut job = Job::new(query, &generated, &scratch.0, &format!("{query}-rocksdb-put"));
+            job.state = Some(state.clone());
+            killed_at("database-put:3", &job, 2);
+            let orphans = unreferenced_shared_files(&job.checkpoints);
+            assert!(!orphans.is_empty(), "{query}: the killed checkpoint left no database files: not incremental?");
+            job.run_ok(3);
+            assert_same(query, &job.committed(), &expected.0, 1, false);
+            let left = unreferenced_shared_files(&job.checkpoints);
+            assert!(left.is_empty(), "{query}: shared files no kept checkpoint references: {left:?}");
+            assert!(!shared_files(&job.checkpoints).is_empty(), "{query}: no database files in the checkpoints");
         }
         let left: Vec<_> = std::fs::read_dir(&state).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert!(left.is_empty(), "{query}: state directories left behind: {left:?}");
     }
+}
+
+/// Incremental checkpoints: q20 (an unbounded join whose state only grows)
+/// on the RocksDB backend, a checkpoint every 200 ms, every checkpoint
+/// kept. Each one puts into the store only the database files its
+/// predecessor did not have (what changed, rewritten by RocksDB's
+/// compactions included), so the bytes put over the run are well below the
+/// sum of the checkpoints' sizes, which is what a full checkpoint each
+/// time would write.
+#[test]
+fn incremental_checkpoints_put_what_changed_not_the_whole_state() {
+    let scratch = Scratch::new("crash", "incremental");
+    let mut job = Job::new("q20", &Input::Generator(3_000_000), &scratch.0, "q20-incremental");
+    job.state = Some(scratch.0.join("state"));
+    job.interval = "200ms";
+    job.extra = vec!["--checkpoints-kept".into(), "1000".into()];
+    job.run_ok(2);
+    let mut checkpoints = Vec::new();
+    for entry in std::fs::read_dir(&job.checkpoints).unwrap() {
+        let Ok(text) = std::fs::read_to_string(entry.unwrap().path().join("MANIFEST")) else { continue };
+        let manifest: serde_json::Value = serde_json::from_str(text.split_once('\n').unwrap().1).unwrap();
+        let id = manifest["id"].as_u64().unwrap();
+        let size = |f: &serde_json::Value| f["size"].as_u64().unwrap();
+        let shards: u64 =
+            manifest["shards"].as_array().unwrap().iter().flat_map(|s| s["files"].as_array().unwrap()).map(size).sum();
+        let shared = manifest["shared"].as_array().cloned().unwrap_or_default();
+        let put_here = |f: &&serde_json::Value| f["name"].as_str().unwrap().starts_with(&format!("{id:010}-"));
+        let total = shards + shared.iter().map(size).sum::<u64>();
+        let written = shards + shared.iter().filter(put_here).map(size).sum::<u64>();
+        assert!(!shared.is_empty(), "checkpoint {id} holds no database files: {text}");
+        checkpoints.push((id, total, written));
+    }
+    checkpoints.sort_unstable();
+    eprintln!("checkpoints (id, bytes, bytes put): {checkpoints:?}");
+    assert!(checkpoints.len() >= 5, "too few checkpoints to measure: {checkpoints:?}");
+    let (_, first_total, first_written) = checkpoints[0];
+    assert_eq!(first_total, first_written, "the first checkpoint puts everything");
+    assert!(checkpoints.windows(2).all(|w| w[1].1 >= w[0].1), "the state grows: {checkpoints:?}");
+    let total: u64 = checkpoints.iter().map(|c| c.1).sum();
+    let written: u64 = checkpoints.iter().map(|c| c.2).sum();
+    assert!(written * 2 < total, "{written} bytes put for checkpoints of {total} bytes in all: not incremental");
+    let final_state = checkpoints.last().unwrap().1;
+    assert!(written >= final_state, "the files of the last checkpoint were all put once");
+}
+
+/// The shared files (database files of incremental checkpoints) in a
+/// checkpoint directory.
+fn shared_files(checkpoints: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(checkpoints.join("shared")) else { return Vec::new() };
+    entries.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+}
+
+/// The shared files that no complete checkpoint's manifest lists.
+fn unreferenced_shared_files(checkpoints: &Path) -> Vec<String> {
+    let mut referenced = std::collections::HashSet::new();
+    for entry in std::fs::read_dir(checkpoints).unwrap() {
+        let Ok(text) = std::fs::read_to_string(entry.unwrap().path().join("MANIFEST")) else { continue };
+        let body = text.split_once('\n').expect("a manifest header").1;
+        let manifest: serde_json::Value = serde_json::from_str(body).expect("a manifest's JSON");
+        for file in manifest["shared"].as_array().into_iter().flatten() {
+            referenced.insert(file["name"].as_str().unwrap().to_owned());
+        }
+    }
+    shared_files(checkpoints).into_iter().filter(|name| !referenced.contains(name)).collect()
 }
 
 /// q12 counts in processing-time windows: its output depends on the clock,

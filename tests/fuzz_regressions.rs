@@ -307,6 +307,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     add("cep", "bad-syntax", b"PATTERN (a b\nDEFINE a AS x = ".to_vec());
 
     // Manifests: the JSON body (the harness adds the header) and a whole file.
+    let shared_file = FileInfo { name: "0000000007-0d1f-000009.sst".into(), size: 2_048, crc32: 0x0bad_cafe };
     let manifest = Manifest {
         format_version: FORMAT_VERSION,
         id: 7,
@@ -325,6 +326,11 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             worker: 0,
             entries: 3,
             files: vec![FileInfo { name: "000004.sst".into(), size: 1_024, crc32: 0xdead_beef }],
+            databases: vec![highwater::checkpoint::DatabaseInfo {
+                operator: "Join@[0, 5]".into(),
+                identity: "0d1f".into(),
+                files: BTreeMap::from([("000009.sst".into(), shared_file.clone())]),
+            }],
         }],
         schemas: BTreeMap::from([(
             "Window@[0, 4]".into(),
@@ -338,7 +344,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             committed: "c".into(),
             rows: 9,
         }],
-        shared: vec![],
+        shared: vec![shared_file],
     };
     add("manifest", "body", serde_json::to_vec_pretty(&manifest).expect("serializes"));
     add("manifest", "file", manifest.to_bytes());

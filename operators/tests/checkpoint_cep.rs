@@ -87,7 +87,7 @@ fn net(output: &Output<Found>) -> BTreeMap<Found, i64> {
 
 /// The number of entries the matcher checkpointed.
 fn entries(checkpoint: &highwater_operators::checkpoint::memory::MemoryCheckpoint) -> usize {
-    checkpoint.entries.iter().filter(|(name, _)| name.starts_with("MatchPattern@")).map(|(_, e)| e.len()).sum()
+    checkpoint.entries_of("MatchPattern@")
 }
 
 #[test]

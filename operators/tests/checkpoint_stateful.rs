@@ -132,7 +132,7 @@ fn untimed<O: Ord + Clone>(out: &Output<O>) -> BTreeMap<O, i64> {
 
 /// The number of checkpoint entries of the operators whose name starts with `name`.
 fn entries<O: Ord>(run: &Recovery<O>, name: &str) -> usize {
-    run.checkpoint.entries.iter().filter(|(n, _)| n.starts_with(name)).map(|(_, e)| e.len()).sum()
+    run.checkpoint.entries_of(name)
 }
 
 proptest! {

@@ -177,7 +177,7 @@ fn served_recovery(input: &[Input<Upsert>], cut: u64, before: usize, after: usiz
 
 /// The entries of the operators whose names start with `prefix`.
 fn entries_of(checkpoint: &checkpoint::memory::MemoryCheckpoint, prefix: &str) -> usize {
-    checkpoint.entries.iter().filter(|(name, _)| name.starts_with(prefix)).map(|(_, e)| e.len()).sum()
+    checkpoint.entries_of(prefix)
 }
 
 #[test]

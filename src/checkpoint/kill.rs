@@ -3,7 +3,9 @@
 //! `HIGHWATER_KILL_AT=POINT:N` makes the process SIGKILL itself the `N`-th
 //! time it reaches `POINT` (1-based): `shard-write` (a shard file put into the
 //! store), `manifest-write` (half of the manifest's temporary file written),
-//! `sink-commit` (the manifest is in place, the sink's parts not yet renamed).
+//! `sink-commit` (the manifest is in place, the sink's parts not yet renamed),
+//! `database-put` (a checkpoint's shards and database files are in the
+//! store, its manifest not yet).
 //! Without the variable these are no-ops.
 //!
 //! Fault injection for the crash tests only: compiled in with the cargo

@@ -11,11 +11,20 @@ use crate::source::Offset;
 
 /// The version of the checkpoint format this build writes and reads.
 ///
+/// Version 4: a shard may list database checkpoints
+/// ([`ShardInfo::databases`], incremental checkpoints of the RocksDB state
+/// backend), whose files are the store's shared files ([`Manifest::shared`]);
+/// a build that reads only version 3 would miss that state, so the version
+/// changed. Version 3 is still read (it has no database files).
+///
 /// Version 3: a worker's shard is one file of framed chunks
 /// ([`shard`](super::shard)), no longer a RocksDB database. Version 2 added
 /// postcard-encoded entries and every operator's state schema
 /// ([`Manifest::schemas`]). Older versions are not read.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
+
+/// The oldest version this build reads.
+pub const OLDEST_READ_VERSION: u32 = 3;
 
 /// The first line of a manifest file, before its checksum.
 pub(crate) const MAGIC: &str = "highwater-checkpoint-manifest";
@@ -79,7 +88,7 @@ impl Manifest {
             return Err(corrupt(format!("not a manifest (header {header:?})")));
         }
         let version = words.next().and_then(|v| v.strip_prefix('v')).and_then(|v| v.parse::<u32>().ok());
-        if version != Some(FORMAT_VERSION) {
+        if !version.is_some_and(|v| (OLDEST_READ_VERSION..=FORMAT_VERSION).contains(&v)) {
             return Err(CheckpointError::Version { what: what.to_owned(), found: header.to_owned() });
         }
         let crc = words
@@ -94,10 +103,21 @@ impl Manifest {
         serde_json::from_slice(body).map_err(|e| corrupt(format!("unreadable body: {e}")))
     }
 
-    /// Bytes of operator state over all shards (saturating: the sizes are
-    /// read from the file, which only its checksum vouches for).
+    /// Bytes of operator state over all shards and the database files they
+    /// list (saturating: the sizes are read from the file, which only its
+    /// checksum vouches for).
     pub fn state_bytes(&self) -> u64 {
-        self.shards.iter().flat_map(|s| &s.files).fold(0, |sum, f| sum.saturating_add(f.size))
+        let shards = self.shards.iter().flat_map(|s| &s.files);
+        shards.chain(&self.shared).fold(0, |sum, f| sum.saturating_add(f.size))
+    }
+
+    /// Bytes this checkpoint put into the store: its shards and the shared
+    /// files it put (not those of earlier checkpoints it references): what an
+    /// incremental checkpoint costs.
+    pub fn bytes_written(&self) -> u64 {
+        let shards = self.shards.iter().flat_map(|s| &s.files);
+        let put = self.shared.iter().filter(|f| super::store::shared_file_checkpoint(&f.name) == Some(self.id));
+        shards.chain(put).fold(0, |sum, f| sum.saturating_add(f.size))
     }
 }
 
@@ -125,6 +145,24 @@ pub struct ShardInfo {
     pub entries: u64,
     /// Its files, with sizes and checksums.
     pub files: Vec<FileInfo>,
+    /// The database checkpoints of its operators whose keyed states are in
+    /// a database (the RocksDB state backend): an incremental checkpoint
+    /// holds those states as the database's files, not as entries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub databases: Vec<DatabaseInfo>,
+}
+
+/// An operator's database checkpoint on one worker: its files, kept as the
+/// store's shared files (see [`Manifest::shared`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatabaseInfo {
+    /// The operator (as in [`Manifest::schemas`]).
+    pub operator: String,
+    /// The database's identity (RocksDB's `IDENTITY`).
+    pub identity: String,
+    /// Its files: the name in the database's directory, and the shared
+    /// file of the store that holds it.
+    pub files: BTreeMap<String, FileInfo>,
 }
 
 /// A file of a checkpoint, as the store must give it back.
@@ -174,7 +212,7 @@ mod tests {
                 "Nexmark".into(),
                 vec![PartitionState { partition: 0, offset: Some(10), max_seen: Some(5), floor: 0, done: false }],
             )]),
-            shards: vec![ShardInfo { worker: 0, entries: 3, files: vec![] }],
+            shards: vec![ShardInfo { worker: 0, entries: 3, files: vec![], databases: vec![] }],
             sinks: vec![],
             shared: vec![],
         }
@@ -202,8 +240,8 @@ mod tests {
         let mut m = manifest();
         let file = |size| FileInfo { name: "f".into(), size, crc32: 0 };
         m.shards = vec![
-            ShardInfo { worker: 0, entries: 0, files: vec![file(u64::MAX), file(1)] },
-            ShardInfo { worker: 1, entries: 0, files: vec![file(2)] },
+            ShardInfo { worker: 0, entries: 0, files: vec![file(u64::MAX), file(1)], databases: vec![] },
+            ShardInfo { worker: 1, entries: 0, files: vec![file(2)], databases: vec![] },
         ];
         assert_eq!(m.state_bytes(), u64::MAX);
         m.shards[0].files[0].size = 5;

@@ -78,7 +78,9 @@ pub use coordinator::{
     check, latest_usable, probe, Checkpoints, DataflowProbe, SinkCommitter, SinkSubmission, SourceCommitter,
     WorkerStore,
 };
-pub use manifest::{FileInfo, Manifest, PartitionState, ShardInfo, SinkPart, FORMAT_VERSION};
+pub use manifest::{
+    DatabaseInfo, FileInfo, Manifest, PartitionState, ShardInfo, SinkPart, FORMAT_VERSION, OLDEST_READ_VERSION,
+};
 pub use store::{open_store, CheckpointStore, LocalStore};
 
 /// How a job checkpoints.
@@ -150,7 +152,7 @@ pub enum CheckpointError {
         reason: String,
     },
     /// Written by an incompatible version.
-    #[error("{what} has an unsupported format ({found}); this build reads format v{FORMAT_VERSION}")]
+    #[error("{what} has an unsupported format ({found}); this build reads formats v{OLDEST_READ_VERSION} to v{FORMAT_VERSION}")]
     Version {
         /// The file.
         what: String,

@@ -18,7 +18,7 @@ use timely::container::CapacityContainerBuilder;
 use timely::dataflow::operators::core::input::Handle as InputHandle;
 use timely::dataflow::operators::core::{Input as _, Inspect};
 
-use super::{encode_chunk, CheckpointId, Cut, Entry, Restored, Schema, StateError, StateStore};
+use super::{encode_chunk, BackendFiles, CheckpointId, Cut, Entry, Restored, Schema, StateError, StateStore};
 use crate::key::Data;
 use crate::state::Backend;
 use crate::stream::{EventStream, Update};
@@ -39,6 +39,8 @@ struct Shared {
     unsupported: BTreeSet<String>,
     /// Submitted entries by cut, operator and worker.
     submitted: BTreeMap<CheckpointId, BTreeMap<String, BTreeMap<usize, Vec<Entry>>>>,
+    /// Submitted database checkpoints (incremental snapshots) by cut, operator and worker.
+    databases: BTreeMap<CheckpointId, BTreeMap<String, BTreeMap<usize, Arc<DatabaseDir>>>>,
     /// Operators' wakers.
     wakers: Vec<Arc<dyn Fn() + Send + Sync>>,
     /// A cut begun on worker 0 that the other workers do not see yet, as if
@@ -55,6 +57,44 @@ pub struct MemoryCheckpoint {
     pub entries: BTreeMap<String, Vec<Entry>>,
     /// The schema each operator's entries were written under.
     pub schemas: BTreeMap<String, Schema>,
+    /// The database checkpoints of operators whose snapshots were
+    /// incremental (their keyed states on RocksDB), one per worker.
+    pub databases: BTreeMap<String, Vec<Arc<DatabaseDir>>>,
+}
+
+impl MemoryCheckpoint {
+    /// The number of entries of the operators whose names start with
+    /// `prefix`: those handed over as entries, and the keys of their keyed
+    /// states handed over as database files (an incremental snapshot).
+    pub fn entries_of(&self, prefix: &str) -> usize {
+        let entries: usize = self.entries.iter().filter(|(n, _)| n.starts_with(prefix)).map(|(_, e)| e.len()).sum();
+        let databases = self.databases.iter().filter(|(n, _)| n.starts_with(prefix)).flat_map(|(_, dirs)| dirs);
+        entries + databases.map(|dir| database_keys(&dir.0)).sum::<usize>()
+    }
+}
+
+/// The keys in the database checkpoint in `dir`.
+#[cfg(feature = "rocksdb")]
+fn database_keys(dir: &std::path::Path) -> usize {
+    crate::state::RocksDbConfig::new(dir).open_read_only(dir).map_or(0, |db| db.count_keys())
+}
+
+/// Without the `rocksdb` feature there are no database checkpoints.
+#[cfg(not(feature = "rocksdb"))]
+fn database_keys(_dir: &std::path::Path) -> usize {
+    0
+}
+
+/// A database checkpoint an operator handed over ([`StateStore::submit`]
+/// with files), kept on disk while a [`MemoryCheckpoint`] refers to it and
+/// removed with the last reference.
+#[derive(Debug)]
+pub struct DatabaseDir(pub std::path::PathBuf);
+
+impl Drop for DatabaseDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// An in-memory checkpoint store shared by the workers of one job.
@@ -162,7 +202,17 @@ impl MemoryStore {
             })
             .unwrap_or_default();
         let schemas = shared.schemas.clone();
-        Some(MemoryCheckpoint { time, entries, schemas })
+        let databases = shared
+            .databases
+            .get(&id)
+            .map(|by_operator| {
+                by_operator
+                    .iter()
+                    .map(|(name, by_worker)| (name.clone(), by_worker.values().cloned().collect()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(MemoryCheckpoint { time, entries, schemas, databases })
     }
 
     /// The operators registered as checkpointable.
@@ -233,10 +283,23 @@ impl StateStore for WorkerView {
         self.store.restored.as_ref().map(|r| r.time)
     }
 
-    fn submit(&self, operator: &str, cut: Cut, entries: Vec<Entry>, _pause: Duration) {
+    fn submit(&self, operator: &str, cut: Cut, entries: Vec<Entry>, files: Option<BackendFiles>, _pause: Duration) {
         let mut shared = self.store.lock();
         let by_worker = shared.submitted.entry(cut.id).or_default().entry(operator.to_owned()).or_default();
         by_worker.insert(self.worker, entries);
+        if let Some(files) = files {
+            let by_worker = shared.databases.entry(cut.id).or_default().entry(operator.to_owned()).or_default();
+            by_worker.insert(self.worker, Arc::new(DatabaseDir(files.dir)));
+        }
+    }
+
+    fn takes_database_files(&self) -> bool {
+        true
+    }
+
+    fn restored_databases(&self, operator: &str) -> Vec<std::path::PathBuf> {
+        let Some(restored) = self.store.restored.as_ref() else { return Vec::new() };
+        restored.databases.get(operator).map_or_else(Vec::new, |dirs| dirs.iter().map(|d| d.0.clone()).collect())
     }
 
     fn on_cut(&self, wake: Box<dyn Fn() + Send + Sync>) {

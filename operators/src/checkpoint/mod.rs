@@ -76,6 +76,57 @@ impl Cut {
 /// (a value encoded with [`encode`]).
 pub type Entry = (u64, Vec<u8>);
 
+/// A checkpoint of an operator's database on local disk, taken by its state
+/// backend at a cut (RocksDB's own checkpoint, by hard links: see
+/// [`AnyKeyedState::database_checkpoint`](crate::state::AnyKeyedState::database_checkpoint)):
+/// what an *incremental* checkpoint hands over for the operator's keyed
+/// states instead of their entries ([`StateStore::submit`]). The runtime
+/// puts into its store only the files that the previous checkpoint did not
+/// have, and removes the directory once it has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendFiles {
+    /// Where its files are.
+    pub dir: std::path::PathBuf,
+    /// The database's identity (a UUID RocksDB writes when it makes the database).
+    pub identity: String,
+    /// Its files' names and sizes.
+    pub files: Vec<(String, u64)>,
+}
+
+impl BackendFiles {
+    /// Whether the file `name` is immutable (an SST file: shared between
+    /// checkpoints); the others (the database's MANIFEST, CURRENT, OPTIONS)
+    /// belong to this checkpoint only.
+    ///
+    /// ```
+    /// use highwater_operators::checkpoint::BackendFiles;
+    /// assert!(BackendFiles::is_shared("000012.sst"));
+    /// assert!(!BackendFiles::is_shared("MANIFEST-000005"));
+    /// ```
+    pub fn is_shared(name: &str) -> bool {
+        name.ends_with(".sst")
+    }
+
+    /// The SST files of this checkpoint that `before` (an earlier checkpoint
+    /// of the same database) does not have: what an incremental checkpoint
+    /// puts into its store.
+    pub fn new_since<'a>(&'a self, before: Option<&BackendFiles>) -> Vec<&'a (String, u64)> {
+        let known =
+            |name: &str| before.is_some_and(|b| b.identity == self.identity && b.files.iter().any(|(n, _)| n == name));
+        self.files.iter().filter(|(name, _)| Self::is_shared(name) && !known(name)).collect()
+    }
+
+    /// Removes the directory (once its files are in a store, or the
+    /// checkpoint was abandoned).
+    pub fn remove(&self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(dir = %self.dir.display(), "cannot remove a database checkpoint: {e}");
+            }
+        }
+    }
+}
+
 /// Encodes a list of entries as one chunk: the postcard encoding of a
 /// sequence of `(routing hash, bytes)` pairs (a varint count, then per entry
 /// a varint hash, a varint length and the bytes). [`Restored`] reads chunks in
@@ -238,6 +289,18 @@ impl Restored {
         self
     }
 
+    /// The same entries and those of `chunk` (a chunk as [`encode_chunk`]
+    /// writes it, e.g. of entries read from a database checkpoint).
+    pub fn with_chunk(mut self, chunk: Vec<u8>) -> Self {
+        self.chunks.push(std::sync::Arc::new(chunk));
+        self
+    }
+
+    /// The worker these entries are for, and the job's number of workers.
+    pub fn worker(&self) -> (usize, usize) {
+        (self.worker as usize, self.workers as usize)
+    }
+
     /// The schema the entries were written under, if known.
     pub fn schema(&self) -> Option<&Schema> {
         self.schema.as_ref()
@@ -249,7 +312,7 @@ impl Restored {
         for chunk in &self.chunks {
             for entry in chunk_entries(chunk) {
                 let (route, bytes) = entry?;
-                if route % self.workers == self.worker {
+                if route % self.workers.max(1) == self.worker {
                     each(route, bytes);
                 }
             }
@@ -302,8 +365,35 @@ pub trait StateStore {
     /// The time of the checkpoint the job was recovered from.
     fn restored_time(&self) -> Option<Timestamp>;
     /// Hands over `operator`'s state as of `cut`; taking it paused the
-    /// worker for `pause`.
-    fn submit(&self, operator: &str, cut: Cut, entries: Vec<Entry>, pause: std::time::Duration);
+    /// worker for `pause`. With `files` (only if the store
+    /// [`takes_database_files`](Self::takes_database_files)), the state is
+    /// incremental: its keyed states are the database checkpoint `files`,
+    /// and `entries` hold the rest of the state; the store owns the files'
+    /// directory from now on (and removes it).
+    fn submit(
+        &self,
+        operator: &str,
+        cut: Cut,
+        entries: Vec<Entry>,
+        files: Option<BackendFiles>,
+        pause: std::time::Duration,
+    );
+    /// Whether the store takes an operator's keyed states as its state
+    /// backend's database files ([`submit`](Self::submit)): an incremental
+    /// checkpoint, which writes only the files new since the last one.
+    /// `false` by default: operators hand over every entry.
+    fn takes_database_files(&self) -> bool {
+        false
+    }
+    /// The database checkpoints restored for `operator`, one directory per
+    /// worker of the run that took them (each holding every key of that
+    /// worker: the operator reads those of its own worker, whatever the
+    /// number of workers). Empty if the operator's state was restored as
+    /// entries only.
+    fn restored_databases(&self, operator: &str) -> Vec<std::path::PathBuf> {
+        let _ = operator;
+        Vec::new()
+    }
     /// Calls `wake` whenever a cut is begun or abandoned (to schedule an
     /// operator whose frontier may already be at the cut's time).
     fn on_cut(&self, wake: Box<dyn Fn() + Send + Sync>);
@@ -400,6 +490,8 @@ pub(crate) enum Away<S> {
         cut: Cut,
         /// The time the worker spent handing it over.
         pause: std::time::Duration,
+        /// The database checkpoint of the state's keyed states, if incremental.
+        files: Option<BackendFiles>,
         back: std::sync::mpsc::Receiver<(S, Result<Vec<Entry>, StateError>, std::time::Duration)>,
     },
     /// Serialized in place (the final cut) and submitted already.
@@ -450,15 +542,25 @@ impl Checkpointer {
     /// The final cut is taken in place: the input has ended (no gate holds
     /// it back) and the dataflow may end with this activation. The operator
     /// gets its state back from `home` all the same.
-    pub(crate) fn snapshot_away<S, F>(&self, cut: Cut, state: S, serialize: F) -> Away<S>
+    ///
+    /// With `files` (a checkpoint of the state's database, taken on the
+    /// worker), the snapshot is incremental: `serialize` gives the entries
+    /// of the rest of the state.
+    pub(crate) fn snapshot_away<S, F>(
+        &self,
+        cut: Cut,
+        mut state: S,
+        files: Option<BackendFiles>,
+        serialize: F,
+    ) -> Away<S>
     where
         S: Send + 'static,
-        F: FnOnce(&S) -> Result<Vec<Entry>, StateError> + Send + 'static,
+        F: FnOnce(&mut S) -> Result<Vec<Entry>, StateError> + Send + 'static,
     {
         if cut.is_final() {
             let started = std::time::Instant::now();
-            let entries = serialize(&state);
-            self.submitted(cut, entries, started.elapsed());
+            let entries = serialize(&mut state);
+            self.submitted(cut, entries, files, started.elapsed());
             return Away::Kept(state);
         }
         let started = std::time::Instant::now();
@@ -468,14 +570,15 @@ impl Checkpointer {
             .name("highwater-snapshot".into())
             .spawn(move || {
                 let serializing = std::time::Instant::now();
-                let entries = serialize(&state);
+                let mut state = state;
+                let entries = serialize(&mut state);
                 let _ = tx.send((state, entries, serializing.elapsed()));
                 if let Some(w) = waker {
                     let _ = w.activate();
                 }
             })
             .expect("starting a snapshot thread");
-        Away::Serializing { cut, pause: started.elapsed(), back }
+        Away::Serializing { cut, pause: started.elapsed(), files, back }
     }
 
     /// Whether the operator's state is with it: `false` while a background
@@ -492,15 +595,15 @@ impl Checkpointer {
                 back(state);
                 true
             }
-            Some(Away::Serializing { cut, pause, back: rx }) => match rx.try_recv() {
+            Some(Away::Serializing { cut, pause, files, back: rx }) => match rx.try_recv() {
                 Ok((state, entries, serializing)) => {
                     tracing::debug!(operator = %self.name, id = cut.id, ?serializing, "state serialized in the background");
-                    self.submitted(cut, entries, pause);
+                    self.submitted(cut, entries, files, pause);
                     back(state);
                     true
                 }
                 Err(std::sync::mpsc::TryRecvError::Empty) => {
-                    *away = Some(Away::Serializing { cut, pause, back: rx });
+                    *away = Some(Away::Serializing { cut, pause, files, back: rx });
                     false
                 }
                 Err(std::sync::mpsc::TryRecvError::Disconnected) => {
@@ -513,10 +616,21 @@ impl Checkpointer {
     /// Hands over the entries of `cut` and opens the gates. State that did
     /// not encode fails the checkpointing (the gates open all the same, so
     /// that the dataflow goes on to report it).
-    fn submitted(&self, cut: Cut, entries: Result<Vec<Entry>, StateError>, pause: std::time::Duration) {
+    fn submitted(
+        &self,
+        cut: Cut,
+        entries: Result<Vec<Entry>, StateError>,
+        files: Option<BackendFiles>,
+        pause: std::time::Duration,
+    ) {
         match entries {
-            Ok(entries) => self.store.submit(&self.name, cut, entries, pause),
-            Err(e) => self.store.fail(&self.name, e),
+            Ok(entries) => self.store.submit(&self.name, cut, entries, files, pause),
+            Err(e) => {
+                if let Some(files) = files {
+                    files.remove();
+                }
+                self.store.fail(&self.name, e)
+            }
         }
         self.shared.done.set(Some(cut.id));
         for gate in self.shared.gates.borrow().iter() {
@@ -524,10 +638,19 @@ impl Checkpointer {
         }
     }
 
-    /// The state restored for this worker, with the time it was taken at.
-    pub(crate) fn restored(&self) -> Option<(Timestamp, Restored)> {
+    /// The state restored for this worker, with the time it was taken at,
+    /// and the database checkpoints restored for the operator (see
+    /// [`StateStore::restored_databases`]).
+    pub(crate) fn restored(&self) -> Option<(Timestamp, Restored, Vec<std::path::PathBuf>)> {
         let time = self.store.restored_time()?;
-        Some((time, self.store.restored(&self.name).unwrap_or_default()))
+        let restored = self.store.restored(&self.name).unwrap_or_default();
+        Some((time, restored, self.store.restored_databases(&self.name)))
+    }
+
+    /// Whether the store takes keyed states as database files ([`StateStore::takes_database_files`]).
+    #[cfg(feature = "rocksdb")]
+    pub(crate) fn takes_database_files(&self) -> bool {
+        self.store.takes_database_files()
     }
 
     /// Reports that the operator's state could not be restored.

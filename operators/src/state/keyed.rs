@@ -161,6 +161,12 @@ impl Opener {
         Ok(opener)
     }
 
+    /// The directory of the operator's database, if its states opened one.
+    #[cfg(feature = "rocksdb")]
+    pub(crate) fn database_dir(&self) -> Option<std::path::PathBuf> {
+        self.db.as_ref().map(|db| db.dir().to_owned())
+    }
+
     /// Why the backend could not be opened (the states then stay in memory),
     /// if it could not: the caller reports it.
     pub fn error(&self) -> Option<&str> {

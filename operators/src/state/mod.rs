@@ -49,14 +49,12 @@ mod rocks;
 mod stateful;
 mod timers;
 
-pub use crate::checkpoint::{Schema, StateError};
+pub use crate::checkpoint::{BackendFiles, Schema, StateError};
 pub use backend::{Encoded, InMemory, KeyedStateBackend, StateValue};
 pub use keyed::{AnyKeyedState, Backend, Detached, KeyedState, Opener, UnknownBackend, BACKEND_ENV};
 pub use process::{KeyedContext, KeyedProcess};
 #[cfg(feature = "rocksdb")]
-pub use rocks::{
-    parse_size, BackendFiles, InvalidSize, RocksDbConfig, RocksDbState, SPILL_AT, STATE_CACHE_ENV, STATE_DIR_ENV,
-};
+pub use rocks::{parse_size, InvalidSize, RocksDbConfig, RocksDbState, SPILL_AT, STATE_CACHE_ENV, STATE_DIR_ENV};
 #[cfg(feature = "rocksdb")]
 pub use stateful::entries_from_database;
 pub(crate) use stateful::{give_all, ActiveOutput};

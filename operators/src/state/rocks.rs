@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use rocksdb::{BlockBasedOptions, Cache, DBCompressionType, Options, ReadOptions, WriteBatch, WriteOptions, DB};
 
 use super::backend::{KeyedStateBackend, StateValue};
+use crate::checkpoint::BackendFiles;
 use crate::key::{route, Key, StateMap};
 
 /// The number of keys an activation's cache holds before it is written out.
@@ -197,6 +198,9 @@ impl RocksDbConfig {
         options.set_memtable_prefix_bloom_ratio(0.1);
         options.set_memtable_whole_key_filtering(true);
         options.set_level_compaction_dynamic_level_bytes(true);
+        options.set_level_zero_file_num_compaction_trigger(8);
+        options.set_level_zero_slowdown_writes_trigger(24);
+        options.set_level_zero_stop_writes_trigger(36);
         options.set_compression_type(DBCompressionType::Lz4);
         options.set_max_background_jobs(2);
         options.set_max_open_files(512);
@@ -256,6 +260,16 @@ impl OperatorDb {
         self.db.as_ref().expect("open until dropped")
     }
 
+    /// The database's directory.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The number of keys in the database (of all its keyed states).
+    pub(crate) fn count_keys(&self) -> usize {
+        self.db().iterator(rocksdb::IteratorMode::Start).take_while(Result::is_ok).count()
+    }
+
     /// Takes a RocksDB checkpoint of the database into `dir` (which must not
     /// exist): the memtables are written out, and the live SST files are
     /// hard-linked, not copied, so it takes time proportional to what
@@ -282,36 +296,6 @@ impl OperatorDb {
         }
         files.sort();
         Ok(BackendFiles { dir: dir.to_owned(), identity, files })
-    }
-}
-
-/// A RocksDB checkpoint of an operator's database on local disk
-/// ([`RocksDbState::checkpoint_database`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BackendFiles {
-    /// Where its files are.
-    pub dir: PathBuf,
-    /// The database's identity (a UUID RocksDB writes when it makes the database).
-    pub identity: String,
-    /// Its files' names and sizes.
-    pub files: Vec<(String, u64)>,
-}
-
-impl BackendFiles {
-    /// Whether the file `name` is immutable (an SST file: shared between
-    /// checkpoints); the others (the database's MANIFEST, CURRENT, OPTIONS)
-    /// belong to this checkpoint only.
-    pub fn is_shared(name: &str) -> bool {
-        name.ends_with(".sst")
-    }
-
-    /// The SST files of this checkpoint that `before` (an earlier checkpoint
-    /// of the same database) does not have: what an incremental checkpoint
-    /// puts into its store.
-    pub fn new_since<'a>(&'a self, before: Option<&BackendFiles>) -> Vec<&'a (String, u64)> {
-        let known =
-            |name: &str| before.is_some_and(|b| b.identity == self.identity && b.files.iter().any(|(n, _)| n == name));
-        self.files.iter().filter(|(name, _)| Self::is_shared(name) && !known(name)).collect()
     }
 }
 

@@ -248,6 +248,8 @@ pub struct Managed<S> {
     is_away: Cell<bool>,
     /// Whether the backend failed (reported once).
     backend_failed: bool,
+    /// The directory of the operator's database, if its keyed states are in one.
+    database_dir: Option<std::path::PathBuf>,
 }
 
 impl<S> std::fmt::Debug for Managed<S> {
@@ -261,7 +263,12 @@ impl<S: OperatorState> Managed<S> {
         let mut state = S::default();
         let mut opener = backend.opener(name);
         state.keyed_states(&mut |keyed| keyed.open(&mut opener));
-        let mut managed = Managed { state, checkpointer, away: None, is_away: Cell::new(false), backend_failed: false };
+        #[cfg(feature = "rocksdb")]
+        let database_dir = opener.database_dir();
+        #[cfg(not(feature = "rocksdb"))]
+        let database_dir = None;
+        let mut managed =
+            Managed { state, checkpointer, away: None, is_away: Cell::new(false), backend_failed: false, database_dir };
         if let Some(reason) = opener.error() {
             // The states stay in memory; a checkpointed job fails, as on any
             // failure of its backend.
@@ -307,10 +314,27 @@ impl<S: OperatorState> Managed<S> {
     /// Entries that do not decode (or migrate) fail the job's checkpointing
     /// with an error naming the operator and the schema; the rest are
     /// restored.
+    ///
+    /// A checkpoint that holds the operator's keyed states as database files
+    /// (an incremental one) is restored through the same `restore`: the
+    /// entries are read from the files ([`entries_from_database`]).
     pub fn restore(&mut self, restore: impl FnOnce(&mut S, Timestamp, &mut RestoredEntries<S>)) -> Option<Timestamp> {
         let checkpointer = self.checkpointer.as_ref()?;
-        let (time, restored) = checkpointer.restored()?;
-        let mut entries = RestoredEntries { restored, error: None, _state: PhantomData };
+        let (time, restored, databases) = checkpointer.restored()?;
+        let (restored, error) = if databases.is_empty() {
+            (restored, None)
+        } else {
+            let started = std::time::Instant::now();
+            let (worker, workers) = restored.worker();
+            match with_databases::<S>(restored.clone(), &databases) {
+                Ok(restored) => {
+                    tracing::debug!(worker, workers, databases = databases.len(), elapsed = ?started.elapsed(), "keyed state read from database checkpoints");
+                    (restored, None)
+                }
+                Err(e) => (restored, Some(e)),
+            }
+        };
+        let mut entries = RestoredEntries { restored, error, _state: PhantomData };
         restore(&mut self.state, time, &mut entries);
         if let Some(e) = entries.error {
             checkpointer.fail(e);
@@ -370,23 +394,117 @@ impl<S: OperatorState> Managed<S> {
 
     /// [`checkpoint`](Self::checkpoint), computing what the snapshot needs
     /// from the worker's side only if a cut is due.
+    ///
+    /// If the state's keyed states are in a database (the RocksDB backend),
+    /// the state splits ([`OperatorState::split_prepared`]) and the runtime
+    /// takes database files ([`StateStore::takes_database_files`](crate::checkpoint::StateStore::takes_database_files)),
+    /// the snapshot is incremental: the database is checkpointed here, on
+    /// the worker (its memtables written out, its files hard-linked), and
+    /// only the rest of the state is serialized in the background
+    /// ([`snapshot_without_keyed`]).
     pub fn checkpoint_with(&mut self, watermark: Timestamp, prepare: impl FnOnce(&S) -> S::Prepared) {
         self.flush();
-        let Some(c) = self.checkpointer.as_ref() else { return };
-        let Some(cut) = c.due(watermark) else { return };
+        let Some(cut) = self.checkpointer.as_ref().and_then(|c| c.due(watermark)) else { return };
         let prepared = prepare(&self.state);
+        let files = self.database_files(cut);
+        let c = self.checkpointer.as_ref().expect("a cut is due");
         let taken = std::mem::take(&mut self.state);
-        let away = c.snapshot_away(cut, taken, move |state: &S| {
-            let mut out = Snapshot::new(S::SCHEMA);
-            state.snapshot(prepared, &mut out);
-            out.finish()
-        });
+        let away = match files {
+            Some(files) => {
+                c.snapshot_away(cut, taken, Some(files), move |state: &mut S| snapshot_without_keyed(state, prepared))
+            }
+            None => c.snapshot_away(cut, taken, None, move |state: &mut S| {
+                let mut out = Snapshot::new(S::SCHEMA);
+                state.snapshot(prepared, &mut out);
+                out.finish()
+            }),
+        };
         self.away = Some(away);
         // A final cut is kept in place: bring it back at once.
         self.is_away.set(true);
         if matches!(self.away, Some(Away::Kept(_))) {
             self.home();
         }
+    }
+}
+
+impl<S: OperatorState> Managed<S> {
+    /// A checkpoint of the operator's database for `cut`, if the snapshot
+    /// is to be incremental (see [`checkpoint_with`](Self::checkpoint_with));
+    /// a failure to take it fails the job's checkpointing (the snapshot is
+    /// then taken whole, to open the gates).
+    #[cfg(feature = "rocksdb")]
+    fn database_files(&mut self, cut: crate::checkpoint::Cut) -> Option<crate::checkpoint::BackendFiles> {
+        let c = self.checkpointer.as_ref()?;
+        if self.backend_failed || S::split_prepared().is_none() || !c.takes_database_files() {
+            return None;
+        }
+        let base = self.database_dir.as_ref()?;
+        let dir = std::path::PathBuf::from(format!("{}.chk-{}", base.display(), cut.id));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut taken = None;
+        self.state.keyed_states(&mut |keyed| {
+            if taken.is_none() {
+                taken = keyed.database_checkpoint(&dir);
+            }
+        });
+        match taken? {
+            Ok(files) => Some(files),
+            Err(reason) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                self.backend_failed = true;
+                c.fail(StateError::Backend { schema: S::SCHEMA, reason });
+                None
+            }
+        }
+    }
+
+    /// Without the `rocksdb` feature no state is in a database.
+    #[cfg(not(feature = "rocksdb"))]
+    fn database_files(&mut self, _cut: crate::checkpoint::Cut) -> Option<crate::checkpoint::BackendFiles> {
+        let _ = &self.database_dir;
+        None
+    }
+}
+
+/// `restored` with the entries of this worker that the database
+/// checkpoints in `dirs` hold for `S` ([`entries_from_database`]).
+fn with_databases<S: OperatorState>(restored: Restored, dirs: &[std::path::PathBuf]) -> Result<Restored, StateError> {
+    if let Some(found) = restored.schema().filter(|s| s.version != S::SCHEMA.version) {
+        return Err(StateError::Backend {
+            schema: S::SCHEMA,
+            reason: format!(
+                "the checkpoint holds the keyed state as database files of {found}; a migration reads entries \
+                 only: restore it with the program that took it and take a checkpoint with --state-backend memory"
+            ),
+        });
+    }
+    if S::split_prepared().is_none() {
+        return Err(StateError::Backend {
+            schema: S::SCHEMA,
+            reason: "the checkpoint holds the keyed state as database files, but this operator's state does not \
+                     split into keyed states and the rest"
+                .into(),
+        });
+    }
+    #[cfg(feature = "rocksdb")]
+    {
+        let (worker, workers) = restored.worker();
+        let mut restored = restored;
+        for dir in dirs {
+            let prepared = S::split_prepared().expect("checked above");
+            let entries = entries_from_database::<S>(dir, prepared, worker, workers)?;
+            restored = restored.with_chunk(crate::checkpoint::encode_chunk(&entries));
+        }
+        Ok(restored)
+    }
+    #[cfg(not(feature = "rocksdb"))]
+    {
+        let _ = (restored, dirs);
+        Err(StateError::Backend {
+            schema: S::SCHEMA,
+            reason: "the checkpoint holds RocksDB database files: this build has no `rocksdb` feature".into(),
+        })
     }
 }
 

@@ -20,7 +20,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::operators::checkpoint::{CheckpointId, Cut, Entry, Restored, Schema, StateError, StateRuntime, StateStore};
+use crate::operators::checkpoint::{
+    BackendFiles, CheckpointId, Cut, Entry, Restored, Schema, StateError, StateRuntime, StateStore,
+};
 use crate::operators::Timestamp;
 
 use super::cluster::{Membership, Peer};
@@ -42,7 +44,7 @@ mod writer;
 
 pub use acknowledge::SourceCommitter;
 use acknowledge::{Acknowledgements, Committing};
-use phase::{Effect, Job, Layout, Phase, Share, State};
+use phase::{DatabaseCheckpoint, Effect, Job, Layout, Phase, Share, State};
 pub use probe::{probe, DataflowProbe};
 use restore::RestoredState;
 pub use restore::{check, latest_usable};
@@ -342,7 +344,14 @@ impl Checkpoints {
             self.0.fail(&mut state, e.to_string());
             return Err(e);
         }
-        self.0.step(&mut state, |phase, job| phase.worker_built(worker, job))
+        let result = self.0.step(&mut state, |phase, job| phase.worker_built(worker, job));
+        if !state.phase.workers_building(self.0.layout.workers) {
+            // Every worker of this process has restored its operators.
+            if let Some(restored) = self.0.restored.as_ref() {
+                restored.release_databases();
+            }
+        }
+        result
     }
 
     /// Checks a dataflow recorded by [`probe`] before the workers start: every
@@ -527,6 +536,9 @@ impl Inner {
             let _ = t.join();
         }
         self.acknowledge(true);
+        if let Some(restored) = self.restored.as_ref() {
+            restored.release_databases();
+        }
         let state = lock(&self.state);
         match &state.phase {
             Phase::Failed(error) => Err(CheckpointError::Failed(error.clone())),
@@ -688,9 +700,26 @@ impl StateStore for WorkerStore {
         self.checkpoints.0.wakers.0.lock().unwrap_or_else(|p| p.into_inner()).push(wake);
     }
 
-    fn submit(&self, operator: &str, cut: Cut, entries: Vec<Entry>, pause: Duration) {
-        tracing::debug!(operator, worker = self.worker, id = cut.id, entries = entries.len(), ?pause, "snapshot taken");
-        let share = Share::Operator { worker: self.worker, operator: operator.to_owned(), entries };
+    fn submit(&self, operator: &str, cut: Cut, entries: Vec<Entry>, files: Option<BackendFiles>, pause: Duration) {
+        tracing::debug!(
+            operator,
+            worker = self.worker,
+            id = cut.id,
+            entries = entries.len(),
+            database_files = files.as_ref().map(|f| f.files.len()),
+            ?pause,
+            "snapshot taken"
+        );
+        let files = files.map(DatabaseCheckpoint);
+        let share = Share::Operator { worker: self.worker, operator: operator.to_owned(), entries, files };
         self.checkpoints.hand_in(cut, share);
+    }
+
+    fn takes_database_files(&self) -> bool {
+        true
+    }
+
+    fn restored_databases(&self, operator: &str) -> Vec<std::path::PathBuf> {
+        self.checkpoints.0.restored.as_ref().map_or_else(Vec::new, |r| r.databases_of(operator))
     }
 }

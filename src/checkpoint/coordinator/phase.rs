@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Instant;
 
-use crate::operators::checkpoint::{CheckpointId, Cut, Entry};
+use crate::operators::checkpoint::{BackendFiles, CheckpointId, Cut, Entry};
 use crate::operators::{Timestamp, END_OF_TIME};
 
 use super::super::cluster::{Message, ProcessPart};
@@ -156,8 +156,8 @@ pub(super) enum CutPhase {
 #[derive(Debug)]
 pub(super) struct Collecting {
     pub(super) cut: Cut,
-    /// Operators' state entries: (worker, operator, entries).
-    pub(super) operators: Vec<(usize, String, Vec<Entry>)>,
+    /// Operators' state: (worker, operator, entries, database checkpoint).
+    pub(super) operators: Vec<(usize, String, Vec<Entry>, Option<DatabaseCheckpoint>)>,
     /// Sources' partitions, by source.
     pub(super) sources: BTreeMap<String, Vec<PartitionState>>,
     /// The sources (on all workers) that handed in their partitions.
@@ -167,11 +167,24 @@ pub(super) struct Collecting {
     pub(super) begun: Instant,
 }
 
+/// An operator's database checkpoint handed in with its share (an
+/// incremental snapshot): its directory is removed when this goes, once the
+/// writer has put its files into the store or the cut was abandoned.
+#[derive(Debug)]
+pub(super) struct DatabaseCheckpoint(pub(super) BackendFiles);
+
+impl Drop for DatabaseCheckpoint {
+    fn drop(&mut self) {
+        self.0.remove();
+    }
+}
+
 /// A share of a cut that an operator, a source or a sink of this process hands in.
 #[derive(Debug)]
 pub(super) enum Share {
-    /// A checkpointed operator's state as of the cut.
-    Operator { worker: usize, operator: String, entries: Vec<Entry> },
+    /// A checkpointed operator's state as of the cut: its entries and, if
+    /// incremental, the checkpoint of its database.
+    Operator { worker: usize, operator: String, entries: Vec<Entry>, files: Option<DatabaseCheckpoint> },
     /// A source's partitions (offsets, watermarks) at the cut.
     Source { source: String, partitions: Vec<PartitionState> },
     /// An exactly-once sink's output below the cut.
@@ -578,7 +591,9 @@ impl Collecting {
 
     fn add(&mut self, share: Share) {
         match share {
-            Share::Operator { worker, operator, entries } => self.operators.push((worker, operator, entries)),
+            Share::Operator { worker, operator, entries, files } => {
+                self.operators.push((worker, operator, entries, files))
+            }
             Share::Source { source, partitions } => {
                 self.sources.entry(source).or_default().extend(partitions);
                 self.source_parts += 1;

@@ -3,7 +3,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::operators::checkpoint::{CheckpointId, Cut, Entry, Restored, Schema, StateError, StateRuntime, StateStore};
+use crate::operators::checkpoint::{
+    BackendFiles, CheckpointId, Cut, Entry, Restored, Schema, StateError, StateRuntime, StateStore,
+};
 use crate::operators::Timestamp;
 
 use super::super::manifest::Manifest;
@@ -69,7 +71,8 @@ impl StateStore for ProbeRuntime {
     fn restored_time(&self) -> Option<Timestamp> {
         None
     }
-    fn submit(&self, _operator: &str, _cut: Cut, _entries: Vec<Entry>, _pause: Duration) {}
+    fn submit(&self, _operator: &str, _cut: Cut, _entries: Vec<Entry>, _files: Option<BackendFiles>, _pause: Duration) {
+    }
     fn on_cut(&self, _wake: Box<dyn Fn() + Send + Sync>) {}
 }
 

@@ -1,7 +1,8 @@
 //! Choosing the checkpoint to recover from, checking it, and loading its state.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::operators::checkpoint::{CheckpointId, Restored, Schema};
@@ -19,6 +20,26 @@ pub(super) struct RestoredState {
     pub(super) manifest: Manifest,
     /// Chunks of entries by operator, read in place by every worker's instance.
     entries: EntriesByOperator,
+    /// The database checkpoints by operator (one directory per worker of
+    /// the run that took them), fetched from the store.
+    databases: HashMap<String, Vec<PathBuf>>,
+    /// Where they were fetched to; removed once every worker has restored
+    /// ([`release_databases`](Self::release_databases)), or when this goes.
+    fetched: Mutex<Option<FetchedDir>>,
+}
+
+/// A local directory of fetched database files, removed when dropped.
+#[derive(Debug)]
+struct FetchedDir(PathBuf);
+
+impl Drop for FetchedDir {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(dir = %self.0.display(), "cannot remove restored database files: {e}");
+            }
+        }
+    }
 }
 
 impl RestoredState {
@@ -27,8 +48,26 @@ impl RestoredState {
         let loading = Instant::now();
         let entries = load_entries(store, &manifest)?;
         let count: u64 = entries.values().flatten().map(|c| shard::chunk_entries(c)).sum();
-        tracing::info!(entries = count, elapsed = ?loading.elapsed(), "checkpoint state loaded");
-        Ok(RestoredState { manifest, entries })
+        let (databases, fetched) = fetch_databases(store, &manifest)?;
+        tracing::info!(
+            entries = count,
+            databases = databases.values().map(Vec::len).sum::<usize>(),
+            elapsed = ?loading.elapsed(),
+            "checkpoint state loaded"
+        );
+        Ok(RestoredState { manifest, entries, databases, fetched: Mutex::new(fetched) })
+    }
+
+    /// The database checkpoints restored for `operator` (see
+    /// [`StateStore::restored_databases`](crate::operators::checkpoint::StateStore::restored_databases)).
+    pub(super) fn databases_of(&self, operator: &str) -> Vec<PathBuf> {
+        self.databases.get(operator).cloned().unwrap_or_default()
+    }
+
+    /// Removes the fetched database files: every worker has restored its
+    /// operators from them.
+    pub(super) fn release_databases(&self) {
+        drop(self.fetched.lock().unwrap_or_else(|p| p.into_inner()).take());
     }
 
     /// Why `operator`, registered with `schema` (migrating from the
@@ -102,7 +141,83 @@ pub fn check(store: &dyn CheckpointStore, id: CheckpointId) -> Result<Manifest, 
     for shard in &manifest.shards {
         store.get_shard(id, shard.worker, &shard.files)?;
     }
+    check_shared(store, &manifest)?;
     Ok(manifest)
+}
+
+/// Checks that the shared files `manifest` references are in the store and
+/// that its database checkpoints list only those (their sizes and checksums
+/// are checked as they are fetched).
+fn check_shared(store: &dyn CheckpointStore, manifest: &Manifest) -> Result<(), CheckpointError> {
+    let listed: HashSet<&str> = manifest.shared.iter().map(|f| f.name.as_str()).collect();
+    let corrupt = |reason: String| CheckpointError::Corrupt {
+        what: format!("{}/{}", store.describe(), super::super::store::checkpoint_name(manifest.id)),
+        reason,
+    };
+    for database in manifest.shards.iter().flat_map(|s| &s.databases) {
+        if let Some(file) = database.files.values().find(|f| !listed.contains(f.name.as_str())) {
+            return Err(corrupt(format!(
+                "the database of {} lists {}, not a shared file",
+                database.operator, file.name
+            )));
+        }
+    }
+    if manifest.shared.is_empty() {
+        return Ok(());
+    }
+    let present: HashSet<String> = store.list_shared()?.into_iter().collect();
+    if let Some(missing) = manifest.shared.iter().find(|f| !present.contains(&f.name)) {
+        return Err(corrupt(format!("the shared file {} is missing", missing.name)));
+    }
+    Ok(())
+}
+
+/// Fetches the database checkpoints of `manifest` from the store into a
+/// local directory beside the store's staging directory (a hard link per
+/// file where the store is on the same file system): one directory per
+/// operator and worker, by operator.
+#[allow(clippy::type_complexity)]
+fn fetch_databases(
+    store: &dyn CheckpointStore,
+    manifest: &Manifest,
+) -> Result<(HashMap<String, Vec<PathBuf>>, Option<FetchedDir>), CheckpointError> {
+    let mut databases: HashMap<String, Vec<PathBuf>> = HashMap::new();
+    if manifest.shards.iter().all(|s| s.databases.is_empty()) {
+        return Ok((databases, None));
+    }
+    let staging = store.staging();
+    let name = format!("restore-{}-{}", std::process::id(), manifest.id);
+    let root = match staging.parent() {
+        Some(parent) => parent.join(format!(".highwater-{name}")),
+        None => std::env::temp_dir().join(format!("highwater-{name}")),
+    };
+    let _ = std::fs::remove_dir_all(&root);
+    let fetched = FetchedDir(root.clone());
+    let io = |path: &Path| {
+        let what = path.display().to_string();
+        move |source| CheckpointError::Io { what, source }
+    };
+    let started = Instant::now();
+    let mut bytes = 0u64;
+    for shard in &manifest.shards {
+        for (n, database) in shard.databases.iter().enumerate() {
+            let dir = root.join(format!("w{}-{n}", shard.worker));
+            std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+            for (local, info) in &database.files {
+                if local.contains('/') || local.starts_with('.') {
+                    return Err(CheckpointError::Corrupt {
+                        what: format!("checkpoint {}", manifest.id),
+                        reason: format!("a database file named {local:?}"),
+                    });
+                }
+                store.get_shared(info, &dir.join(local))?;
+                bytes += info.size;
+            }
+            databases.entry(database.operator.clone()).or_default().push(dir);
+        }
+    }
+    tracing::info!(bytes, elapsed = ?started.elapsed(), dir = %root.display(), "database files fetched");
+    Ok((databases, Some(fetched)))
 }
 
 /// The newest usable checkpoint to recover from (with `config.recover`), or

@@ -44,7 +44,7 @@ fn build(state: &mut State) {
 /// Every operator's and source's share of cut `id`.
 fn hand_in_all(state: &mut State, id: u64) {
     for worker in 0..state.job.layout.workers {
-        let operator = Share::Operator { worker, operator: "count".into(), entries: Vec::new() };
+        let operator = Share::Operator { worker, operator: "count".into(), entries: Vec::new(), files: None };
         step(state, |p, j| p.hand_in(id, operator, j)).unwrap();
         let source = Share::Source { source: "input".into(), partitions: Vec::new() };
         step(state, |p, j| p.hand_in(id, source, j)).unwrap();

@@ -3,17 +3,18 @@
 //! pre-committed); the coordinator also writes the manifests, in order, once
 //! every process's part is in, commits the sinks and collects garbage.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::operators::checkpoint::{CheckpointId, Cut, Entry};
+use crate::operators::checkpoint::{BackendFiles, CheckpointId, Cut, Entry};
 
 use super::super::cluster::{Message, ProcessPart};
-use super::super::manifest::{Manifest, PartitionState, ShardInfo, FORMAT_VERSION};
+use super::super::manifest::{DatabaseInfo, FileInfo, Manifest, PartitionState, ShardInfo, FORMAT_VERSION};
+use super::super::store::{shared_name, CheckpointStore};
 use super::super::{kill, shard, CheckpointError};
-use super::phase::{Collecting, Effect};
+use super::phase::{Collecting, DatabaseCheckpoint, Effect};
 use super::{lock, Inner};
 
 /// How long a process waits, when it finishes, for the checkpoints begun to be written.
@@ -36,6 +37,9 @@ type Parts = BTreeMap<CheckpointId, (Option<(Cut, Instant)>, BTreeMap<usize, Pro
 /// is written (across processes).
 pub(super) fn write_loop(inner: &Inner, work: mpsc::Receiver<Work>) {
     let mut parts = Parts::new();
+    // The SST files this process put (or reused) for its last checkpoint,
+    // by `<database identity>-<file name>`: the next one reuses them.
+    let mut uploaded = Uploaded::new();
     let process = inner.membership.as_ref().map_or(0, |m| m.process);
     let mut stopping: Option<Instant> = None;
     loop {
@@ -55,7 +59,7 @@ pub(super) fn write_loop(inner: &Inner, work: mpsc::Receiver<Work>) {
         match next {
             Some(Work::Local(c)) => {
                 let (id, cut, started) = (c.cut.id, c.cut, Instant::now());
-                match write_part(inner, c) {
+                match write_part(inner, c, &mut uploaded) {
                     Ok(part) if inner.layout.leads => {
                         let entry = parts.entry(id).or_default();
                         entry.0 = Some((cut, started));
@@ -122,26 +126,53 @@ pub(super) fn write_loop(inner: &Inner, work: mpsc::Receiver<Work>) {
     }
 }
 
+/// SST files put into the store, by `<database identity>-<file name>`.
+type Uploaded = HashMap<String, FileInfo>;
+
 /// Writes this process's part of a collected checkpoint: its workers'
-/// shards (put into the store) and its sinks' prepared parts.
-fn write_part(inner: &Inner, c: Collecting) -> Result<ProcessPart, CheckpointError> {
+/// shards and database files (put into the store) and its sinks' prepared
+/// parts. `uploaded` holds the SST files of this process's previous
+/// checkpoint, which is complete (a cut begins only once the one before is
+/// written), so that they are referenced, not put again; it is replaced by
+/// this checkpoint's.
+fn write_part(inner: &Inner, mut c: Collecting, uploaded: &mut Uploaded) -> Result<ProcessPart, CheckpointError> {
     let id = c.cut.id;
     let store = &*inner.store;
     let staging = store.staging();
     std::fs::create_dir_all(&staging)
         .map_err(|source| CheckpointError::Io { what: staging.display().to_string(), source })?;
-    let mut by_worker: BTreeMap<usize, Vec<(String, Vec<Entry>)>> = BTreeMap::new();
-    for (worker, name, entries) in c.operators {
-        by_worker.entry(worker).or_default().push((name, entries));
+    type Operators = Vec<(String, Vec<Entry>)>;
+    let mut by_worker: BTreeMap<usize, (Operators, Vec<(String, DatabaseCheckpoint)>)> = BTreeMap::new();
+    for (worker, name, entries, files) in std::mem::take(&mut c.operators) {
+        let (operators, databases) = by_worker.entry(worker).or_default();
+        if let Some(files) = files {
+            databases.push((name.clone(), files));
+        }
+        operators.push((name, entries));
     }
     let mut shards = Vec::new();
-    for (worker, mut operators) in by_worker {
+    let mut now_uploaded = Uploaded::new();
+    let mut put_bytes = 0u64;
+    for (worker, (mut operators, databases)) in by_worker {
         operators.sort_by(|a, b| a.0.cmp(&b.0));
         let local = staging.join(format!("chk-{id}-shard-{worker}"));
         let entries = shard::write(&local, &operators)?;
         let files = store.put_shard(id, worker, &local)?;
-        shards.push(ShardInfo { worker, entries, files });
+        let mut infos = Vec::new();
+        for (operator, database) in databases {
+            let (info, put) = put_database(store, id, operator, &database.0, uploaded, &mut now_uploaded)?;
+            put_bytes += put;
+            infos.push(info);
+            // The directory goes with `database`.
+        }
+        infos.sort_by(|a, b| a.operator.cmp(&b.operator));
+        shards.push(ShardInfo { worker, entries, files, databases: infos });
     }
+    if !now_uploaded.is_empty() || !uploaded.is_empty() {
+        tracing::debug!(id, put_bytes, files = now_uploaded.len(), "database files put into the store");
+        kill::point("database-put");
+    }
+    *uploaded = now_uploaded;
     let mut sinks = Vec::new();
     for (_, submission) in c.sinks {
         let part = submission.part.as_ref().map(|(bytes, rows)| (bytes.as_slice(), *rows));
@@ -151,6 +182,39 @@ fn write_part(inner: &Inner, c: Collecting) -> Result<ProcessPart, CheckpointErr
         sinks.push(prepared);
     }
     Ok(ProcessPart { shards, sources: c.sources, sinks })
+}
+
+/// Puts the files of `operator`'s database checkpoint `files` into the
+/// store as shared files of checkpoint `id`: an SST file that `before` holds
+/// (put by the previous checkpoint, with the same size) is referenced
+/// again; the others are put. Records the SST files in `now`; returns the
+/// database's entry of the shard and the bytes put.
+fn put_database(
+    store: &dyn CheckpointStore,
+    id: CheckpointId,
+    operator: String,
+    files: &BackendFiles,
+    before: &Uploaded,
+    now: &mut Uploaded,
+) -> Result<(DatabaseInfo, u64), CheckpointError> {
+    let mut out = BTreeMap::new();
+    let mut put = 0;
+    for (name, size) in &files.files {
+        let key = format!("{}-{name}", files.identity);
+        let info = match before.get(&key).filter(|f| BackendFiles::is_shared(name) && f.size == *size) {
+            Some(info) => info.clone(),
+            None => {
+                let info = store.put_shared(&shared_name(id, &key), &files.dir.join(name))?;
+                put += info.size;
+                info
+            }
+        };
+        if BackendFiles::is_shared(name) {
+            now.insert(key, info.clone());
+        }
+        out.insert(name.clone(), info);
+    }
+    Ok((DatabaseInfo { operator, identity: files.identity.clone(), files: out }, put))
 }
 
 /// Completes checkpoint `cut` from every process's part, begun at `started`:
@@ -174,6 +238,10 @@ fn write_manifest(
         }
     }
     shards.sort_by_key(|s| s.worker);
+    let mut shared: Vec<FileInfo> =
+        shards.iter().flat_map(|s| &s.databases).flat_map(|d| d.files.values().cloned()).collect();
+    shared.sort_by(|a, b| a.name.cmp(&b.name));
+    shared.dedup_by(|a, b| a.name == b.name);
     for partitions in sources.values_mut() {
         partitions.sort_by_key(|p| p.partition);
     }
@@ -192,7 +260,7 @@ fn write_manifest(
         shards,
         sinks,
         schemas,
-        shared: Vec::new(),
+        shared,
     };
     store.put_manifest(id, &manifest.to_bytes())?;
     kill::point("sink-commit");
@@ -204,6 +272,7 @@ fn write_manifest(
         id,
         time = manifest.time,
         bytes = manifest.state_bytes(),
+        written = manifest.bytes_written(),
         write = ?started.elapsed(),
         "checkpoint committed"
     );

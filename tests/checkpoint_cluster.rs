@@ -112,6 +112,8 @@ struct Job {
     reverse_start: bool,
     /// Runs started so far (names their log files).
     runs: usize,
+    /// Keyed state on RocksDB under this directory (default: memory).
+    state: Option<PathBuf>,
 }
 
 impl Job {
@@ -127,6 +129,7 @@ impl Job {
             explicit_coordinator: false,
             reverse_start: false,
             runs: 0,
+            state: None,
         }
     }
 
@@ -156,6 +159,9 @@ impl Job {
                 .arg(&self.output);
             if recover {
                 cmd.arg("--recover");
+            }
+            if let Some(state) = &self.state {
+                cmd.args(["--state-backend", "rocksdb", "--state-cache", "16MiB", "--state-dir"]).arg(state);
             }
             if layout.processes > 1 && self.explicit_coordinator {
                 // A free port that is not process 0's + 1000.
@@ -587,6 +593,58 @@ fn random_kills_of_a_two_process_job_leave_exactly_the_uninterrupted_output() {
     assert!(recovered_from_checkpoint > 0, "no kill happened after a complete checkpoint: nothing was recovered");
     assert!(logged > 0, "no restart's log says {RECOVERING:?} (run with --log highwater=info)");
     eprintln!("{kills} kills in {:?}", started.elapsed());
+}
+
+/// Incremental checkpoints across processes: q20 with its keyed state on
+/// RocksDB on 2 processes × 1 worker, each process putting its own
+/// databases' files, killed once a checkpoint is complete, then recovered on
+/// 1 process × 3 workers (every worker reading its keys from both
+/// processes' databases), commits the rows of an uninterrupted in-memory run.
+#[test]
+fn incremental_checkpoints_of_two_processes_recover_on_one() {
+    let _serial = serial();
+    let scratch = Scratch::new("cluster", "incremental");
+    let input = events_file(&scratch.0, EVENTS);
+    let sorted = |rows: &str| {
+        let mut rows: Vec<String> = rows.lines().map(str::to_owned).collect();
+        rows.sort_unstable();
+        rows
+    };
+    let expected = sorted(&reference("q20", &input, &scratch.0));
+    for attempt in 1..=3 {
+        let mut job = Job::new("q20", &input, &scratch.0, &format!("q20-incremental-{attempt}"));
+        job.interval = "100ms";
+        job.state = Some(scratch.0.join("state"));
+        let mut cluster = job.start(TWO_PROCESSES, false);
+        let first = await_checkpoint(&job, &mut cluster, None);
+        if first.is_none() || cluster.any_ended() {
+            eprintln!("attempt {attempt}: 2 × 1 ended before it could be killed\n{}", cluster.logs());
+            job.remove();
+            continue;
+        }
+        cluster.kill();
+        drop(cluster);
+        let newest = job.newest().expect("a complete checkpoint");
+        let manifest = std::fs::read_to_string(job.checkpoints.join(format!("chk-{newest:010}/MANIFEST"))).unwrap();
+        let manifest: serde_json::Value = serde_json::from_str(manifest.split_once('\n').unwrap().1).unwrap();
+        let identities: std::collections::BTreeSet<&str> = manifest["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|s| s["databases"].as_array().into_iter().flatten())
+            .map(|d| d["identity"].as_str().unwrap())
+            .collect();
+        assert!(identities.len() >= 2, "checkpoint {newest} holds the databases of fewer than 2 workers: {manifest}");
+        let (_, cluster) = job.run_ok(Layout { processes: 1, workers: 3 }, true);
+        assert!(cluster.recovered(), "1 × 3 did not restore the 2-process checkpoint\n{}", cluster.logs());
+        assert!(
+            sorted(&job.committed()) == expected,
+            "q20: output after 2 × 1 → 1 × 3 differs from the uninterrupted run"
+        );
+        job.remove();
+        return;
+    }
+    panic!("in 3 attempts, the job always ended before it could be killed: use a larger input");
 }
 
 #[test]

@@ -488,6 +488,98 @@ fn nexmark_recovers_from_s3_checkpoints_after_kills() {
     assert_eq!(data_rows(&out).0, want);
 }
 
+/// Incremental checkpoints in S3: q20 with its keyed state on RocksDB puts
+/// its database files as shared objects. A run killed between putting a
+/// checkpoint's files and its manifest, a run that recovers from the
+/// previous checkpoint onto 3 workers (fetching the files from S3) and is
+/// killed in turn, and a last run on 1 worker commit exactly the rows of an
+/// uninterrupted in-memory run; in the end every shared object is
+/// referenced by a kept checkpoint, and the state directory is empty.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn incremental_rocksdb_checkpoints_in_s3_recover_onto_other_worker_counts() {
+    let _serial = serial();
+    let tmp = TempDir::new("incremental");
+    let state = tmp.0.join("state");
+    let q20 = |checkpoints: &str, out: &Path, workers: usize, rocksdb: bool| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_highwater"));
+        command.args(["--log", "highwater=info", "nexmark", "-q", "q20", "--events", "1500000"]);
+        command.args(["--checkpoint-dir", checkpoints, "--checkpoint-interval", "100ms", "--recover"]);
+        command.args(["--output-dir", out.to_str().unwrap()]);
+        if rocksdb {
+            command.args(["--state-backend", "rocksdb", "--state-cache", "16MiB", "--state-dir"]).arg(&state);
+        }
+        command.args(["--", "-w", &workers.to_string()]);
+        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        command
+    };
+    let sorted_rows = |dir: &Path| {
+        let (rows, _) = data_rows(dir);
+        let mut lines: Vec<String> = String::from_utf8(rows).unwrap().lines().map(str::to_owned).collect();
+        lines.sort_unstable();
+        lines
+    };
+    let local = tmp.0.join("local-checkpoints");
+    let reference_out = tmp.0.join("reference-out");
+    let (status, stderr) = stderr_of(q20(local.to_str().unwrap(), &reference_out, 2, false).spawn().unwrap());
+    assert!(status.success(), "the uninterrupted run failed: {stderr}");
+    let want = sorted_rows(&reference_out);
+    assert!(!want.is_empty(), "the uninterrupted run wrote no rows");
+
+    let moto = Moto::start(&tmp.0);
+    moto.create_bucket("bucket");
+    let out = tmp.0.join("s3-out");
+    let child_tmp = tmp.0.join("tmp");
+    std::fs::create_dir_all(&child_tmp).unwrap();
+    let run = |workers: usize, kill_at: Option<&str>| {
+        let mut command = q20("s3://bucket/job", &out, workers, true);
+        command.env("TMPDIR", &child_tmp);
+        command.env_remove("AWS_ENDPOINT_URL_S3").env_remove("AWS_SESSION_TOKEN").env_remove("AWS_DEFAULT_REGION");
+        command.env_remove("HIGHWATER_KILL_AT");
+        command.envs(moto.env());
+        if let Some(point) = kill_at {
+            command.env("HIGHWATER_KILL_AT", point);
+        }
+        stderr_of(command.spawn().unwrap())
+    };
+    let shared = || moto.keys("bucket", "job/shared/");
+
+    let (status, stderr) = run(2, Some("database-put:3"));
+    assert!(!status.success(), "run 1 was not killed: {stderr}");
+    assert!(!shared().is_empty(), "run 1 put no database files into S3: {stderr}");
+    let (status, stderr) = run(3, Some("sink-commit:3"));
+    assert!(!status.success(), "run 2 was not killed: {stderr}");
+    assert!(recovered_from(&stderr).is_some(), "run 2 did not recover: {stderr}");
+    assert!(stderr.contains("database files fetched"), "run 2 did not fetch database files: {stderr}");
+    let (status, stderr) = run(1, None);
+    assert!(status.success(), "the last run failed: {stderr}\nmoto_server: {}", moto.log());
+    assert!(recovered_from(&stderr).is_some(), "the last run did not recover: {stderr}");
+    assert!(sorted_rows(&out) == want, "the rows after recoveries differ from the uninterrupted run's");
+
+    // Every shared object is referenced by a kept checkpoint's manifest.
+    // S3Store::open reads the configuration from this process's environment.
+    for (key, value) in moto.env() {
+        std::env::set_var(key, value);
+    }
+    for key in ["AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION"] {
+        std::env::remove_var(key);
+    }
+    let store = S3Store::open("s3://bucket/job").unwrap();
+    let mut referenced = std::collections::HashSet::new();
+    for id in store.list().unwrap() {
+        let Some(bytes) = store.get_manifest(id).unwrap() else { continue };
+        let manifest = highwater::checkpoint::Manifest::from_bytes(&bytes, "manifest").unwrap();
+        assert!(manifest.bytes_written() <= manifest.state_bytes());
+        referenced.extend(manifest.shared.iter().map(|f| format!("job/shared/{}", f.name)));
+    }
+    let objects = shared();
+    assert!(!objects.is_empty(), "no database files in S3");
+    let unreferenced: Vec<_> = objects.iter().filter(|k| !referenced.contains(*k)).collect();
+    assert!(unreferenced.is_empty(), "shared objects no kept checkpoint references: {unreferenced:?}");
+    let left: Vec<_> = std::fs::read_dir(&state).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "state directories left behind: {left:?}");
+}
+
 /// An HTTP proxy in front of moto that forwards every request, one per
 /// connection, or, while `refusing`, answers writes (`PUT`, `POST`,
 /// `DELETE`) with `403 AccessDenied`, as S3 does once a bucket policy or the

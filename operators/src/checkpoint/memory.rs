@@ -76,7 +76,7 @@ impl MemoryCheckpoint {
 /// The keys in the database checkpoint in `dir`.
 #[cfg(feature = "rocksdb")]
 fn database_keys(dir: &std::path::Path) -> usize {
-    crate::state::RocksDbConfig::new(dir).open_read_only(dir).map_or(0, |db| db.count_keys())
+    crate::state::RocksDbConfig::new(dir).open_read_only(dir, None).map_or(0, |db| db.count_keys())
 }
 
 /// Without the `rocksdb` feature there are no database checkpoints.

@@ -152,10 +152,14 @@ impl Opener {
     ///
     /// # Errors
     /// RocksDB's, as a message.
+    ///
+    /// With `routes`, `(worker, workers)`, the states hold only the keys
+    /// whose routing hash falls on `worker` of `workers` (the others are
+    /// skipped before they are decoded).
     #[cfg(feature = "rocksdb")]
-    pub fn from_database_files(dir: &std::path::Path) -> Result<Opener, String> {
+    pub fn from_database_files(dir: &std::path::Path, routes: Option<(usize, usize)>) -> Result<Opener, String> {
         let config = super::RocksDbConfig::new(dir);
-        let db = config.open_read_only(dir)?;
+        let db = config.open_read_only(dir, routes)?;
         let mut opener = Backend::RocksDb(config).opener("restore");
         opener.db = Some(db);
         Ok(opener)

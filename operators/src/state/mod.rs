@@ -114,7 +114,8 @@ pub trait OperatorState: Default + Send + 'static {
     /// keyed states taken out ([`snapshot_without_keyed`]), restore exactly
     /// what the whole snapshot restores. The default, `None`: the state is
     /// checkpointed whole. State whose snapshot writes an entry per key of a
-    /// keyed state, and entries of the rest on their own (or none), splits.
+    /// keyed state, routed by that key ([`route`](crate::key::route)), and
+    /// entries of the rest on their own (or none), splits.
     fn split_prepared() -> Option<Self::Prepared> {
         None
     }

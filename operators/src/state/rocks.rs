@@ -207,12 +207,16 @@ impl RocksDbConfig {
         options.set_keep_log_file_num(2);
         let db = DB::open(&options, &dir).map_err(|e| format!("cannot open RocksDB in {}: {e}", dir.display()))?;
         tracing::debug!(dir = %dir.display(), "opened a RocksDB state store");
-        Ok(Arc::new(OperatorDb { db: Some(db), dir, remove: true }))
+        Ok(Arc::new(OperatorDb { db: Some(db), dir, remove: true, routes: None }))
     }
 
     /// Opens the database in `dir` (a checkpoint's files) read-only, through
     /// this configuration's block cache; the files stay when it is dropped.
-    pub(crate) fn open_read_only(&self, dir: &Path) -> Result<Arc<OperatorDb>, String> {
+    ///
+    /// With `routes`, `(worker, workers)`, iterations over its states pass
+    /// only the keys whose routing hash falls on `worker` (a restore reads
+    /// its own worker's keys, skipping the others before decoding them).
+    pub(crate) fn open_read_only(&self, dir: &Path, routes: Option<(usize, usize)>) -> Result<Arc<OperatorDb>, String> {
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(self.block_cache());
         table.set_cache_index_and_filter_blocks(true);
@@ -221,7 +225,8 @@ impl RocksDbConfig {
         options.set_max_open_files(512);
         let db = DB::open_for_read_only(&options, dir, false)
             .map_err(|e| format!("cannot open the RocksDB checkpoint in {}: {e}", dir.display()))?;
-        Ok(Arc::new(OperatorDb { db: Some(db), dir: dir.to_owned(), remove: false }))
+        let routes = routes.map(|(worker, workers)| (worker as u64, workers.max(1) as u64));
+        Ok(Arc::new(OperatorDb { db: Some(db), dir: dir.to_owned(), remove: false, routes }))
     }
 }
 
@@ -253,6 +258,10 @@ pub(crate) struct OperatorDb {
     /// Whether the directory is removed with the database (working
     /// databases are; a checkpoint's files opened to read are not).
     remove: bool,
+    /// Of a checkpoint's files opened to restore one worker of several:
+    /// `(worker, workers)`, the keys whose routing hash falls on the worker;
+    /// iterations skip the others before decoding them.
+    routes: Option<(u64, u64)>,
 }
 
 impl OperatorDb {
@@ -430,6 +439,13 @@ impl<K: Key, V: StateValue> RocksDbState<K, V> {
         it.seek_to_first();
         while it.valid() {
             let (Some(kb), Some(vb)) = (it.key(), it.value()) else { break };
+            if let Some((worker, workers)) = self.db.routes {
+                let route = kb.get(1..9).and_then(|r| r.try_into().ok()).map(u64::from_be_bytes);
+                if route.is_some_and(|r| r % workers != worker) {
+                    it.next();
+                    continue;
+                }
+            }
             match crate::checkpoint::decode::<K>(kb.get(9..).unwrap_or_default()) {
                 Ok(key) if self.cache.contains_key(&key) => {}
                 Ok(key) => match crate::checkpoint::decode::<V>(vb) {

@@ -634,7 +634,9 @@ pub fn entries_from_database<S: OperatorState>(
     workers: usize,
 ) -> Result<Vec<crate::checkpoint::Entry>, StateError> {
     let backend = |reason| StateError::Backend { schema: S::SCHEMA, reason };
-    let mut opener = super::Opener::from_database_files(dir).map_err(backend)?;
+    // Only this worker's keys are decoded (entries are routed by their keys:
+    // see OperatorState::split_prepared).
+    let mut opener = super::Opener::from_database_files(dir, Some((worker, workers))).map_err(backend)?;
     let mut state = S::default();
     state.keyed_states(&mut |keyed| keyed.open(&mut opener));
     let mut out = Snapshot::new(S::SCHEMA);

@@ -437,6 +437,12 @@ fn the_rocksdb_backend_recovers_from_kills_onto_other_worker_counts() {
             let left = unreferenced_shared_files(&job.checkpoints);
             assert!(left.is_empty(), "{query}: shared files no kept checkpoint references: {left:?}");
             assert!(!shared_files(&job.checkpoints).is_empty(), "{query}: no database files in the checkpoints");
+            let fetched: Vec<_> = std::fs::read_dir(&job.checkpoints)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|name| name.contains("highwater-restore-"))
+                .collect();
+            assert!(fetched.is_empty(), "{query}: fetched database files left behind: {fetched:?}");
         }
         let left: Vec<_> = std::fs::read_dir(&state).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert!(left.is_empty(), "{query}: state directories left behind: {left:?}");

@@ -32,9 +32,10 @@ pub fn manifest(data: &[u8]) -> Outcome {
         }
         let _ = manifest.is_final();
         let total = manifest.state_bytes();
-        let files = || manifest.shards.iter().flat_map(|s| &s.files);
+        let files = || manifest.shards.iter().flat_map(|s| &s.files).chain(&manifest.shared);
         assert!(files().all(|f| f.size <= total), "state_bytes {total} is less than a file's size");
         assert!(files().map(|f| f.size).try_fold(0u64, u64::checked_add).is_none_or(|sum| sum == total));
+        assert!(manifest.bytes_written() <= total, "bytes_written exceeds state_bytes");
     }
     if as_given.is_ok() {
         Outcome::Accepted

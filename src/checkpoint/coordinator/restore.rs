@@ -172,6 +172,28 @@ fn check_shared(store: &dyn CheckpointStore, manifest: &Manifest) -> Result<(), 
     Ok(())
 }
 
+/// Removes the directories of fetched database files (`.highwater-restore-<pid>-…`
+/// or `highwater-restore-<pid>-…`) in `dir` whose process is gone: killed
+/// before every worker had restored (Linux; elsewhere nothing is removed).
+fn sweep_fetched(dir: &Path) {
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.trim_start_matches('.').strip_prefix("highwater-restore-"))
+        else {
+            continue;
+        };
+        let pid = rest.split('-').next().unwrap_or_default();
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            tracing::info!(dir = %entry.path().display(), "removing database files fetched by a process that is gone");
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// Fetches the database checkpoints of `manifest` from the store into a
 /// local directory beside the store's staging directory (a hard link per
 /// file where the store is on the same file system): one directory per
@@ -191,6 +213,9 @@ fn fetch_databases(
         Some(parent) => parent.join(format!(".highwater-{name}")),
         None => std::env::temp_dir().join(format!("highwater-{name}")),
     };
+    if let Some(parent) = root.parent() {
+        sweep_fetched(parent);
+    }
     let _ = std::fs::remove_dir_all(&root);
     let fetched = FetchedDir(root.clone());
     let io = |path: &Path| {

@@ -125,6 +125,17 @@ impl Moto {
         (status, body)
     }
 
+    /// Points this process's environment at the server: `S3Store::open`
+    /// reads its configuration from there.
+    fn configure_this_process(&self) {
+        for (key, value) in self.env() {
+            std::env::set_var(key, value);
+        }
+        for key in ["AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION"] {
+            std::env::remove_var(key);
+        }
+    }
+
     /// Creates a bucket (object_store cannot).
     fn create_bucket(&self, bucket: &str) {
         let (status, body) = self.http("PUT", &format!("/{bucket}"));
@@ -175,13 +186,7 @@ fn the_store_round_trips_and_reports_damage() {
     let tmp = TempDir::new("api");
     let moto = Moto::start(&tmp.0);
     moto.create_bucket("bucket");
-    // S3Store::open reads the configuration from this process's environment.
-    for (key, value) in moto.env() {
-        std::env::set_var(key, value);
-    }
-    for key in ["AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION"] {
-        std::env::remove_var(key);
-    }
+    moto.configure_this_process();
 
     let store = S3Store::open("s3://bucket/api/").unwrap();
     assert_eq!(store.describe(), "s3://bucket/api");
@@ -557,13 +562,7 @@ fn incremental_rocksdb_checkpoints_in_s3_recover_onto_other_worker_counts() {
     assert!(sorted_rows(&out) == want, "the rows after recoveries differ from the uninterrupted run's");
 
     // Every shared object is referenced by a kept checkpoint's manifest.
-    // S3Store::open reads the configuration from this process's environment.
-    for (key, value) in moto.env() {
-        std::env::set_var(key, value);
-    }
-    for key in ["AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION"] {
-        std::env::remove_var(key);
-    }
+    moto.configure_this_process();
     let store = S3Store::open("s3://bucket/job").unwrap();
     let mut referenced = std::collections::HashSet::new();
     for id in store.list().unwrap() {

@@ -4,14 +4,15 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::slice::IterMut;
 
-use timely::dataflow::operators::InputCapability;
+use timely::dataflow::operators::{Capability, InputCapability};
 
 use crate::aggregate::Collect;
+use crate::hold::Hold;
 use crate::key::{route, Data, Key};
 use crate::late::{Counter, LateOutput};
 use crate::state::{
-    ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot, StateValue, Stateful,
-    Timers,
+    ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot, StateTtl, StateValue,
+    Stateful, Timers,
 };
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
@@ -67,6 +68,22 @@ pub struct IntervalJoined<'scope, O: 'static, L: 'static, R: 'static> {
     pub late_left: LateOutput<'scope, L>,
     /// Right records that came later than the allowed lateness.
     pub late_right: LateOutput<'scope, R>,
+}
+
+/// The outputs of an unwindowed join whose records expire
+/// ([`WithTtl::join`](crate::state::WithTtl::join)).
+#[derive(Debug)]
+pub struct TtlJoined<'scope, O: 'static, L: 'static, R: 'static> {
+    /// Matching pairs, at the later of the two event times; retracted when
+    /// the earlier record expires if expiry retracts.
+    pub results: EventStream<'scope, O>,
+    /// Left records that came behind the watermark (their partners may have
+    /// expired already): they join nothing.
+    pub late_left: LateOutput<'scope, L>,
+    /// Right records that came behind the watermark.
+    pub late_right: LateOutput<'scope, R>,
+    /// The number of records (of both sides) that expired.
+    pub expired: Counter,
 }
 
 /// A left record held by the join.
@@ -149,6 +166,17 @@ fn cancelled<'a, T: 'a>(
     items.clone().position(|e| equal(e) && at_time(e)).or_else(|| items.clone().position(equal))
 }
 
+/// What [`hold`] did with a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holding {
+    /// It is held (an insertion, or a retraction with nothing to cancel).
+    Appended,
+    /// It cancelled a held record at this event time, which is gone.
+    Cancelled(Timestamp),
+    /// It took part of a held record's multiplicity back.
+    Reduced,
+}
+
 /// Holds `item` for key `k`: insertions are appended; a retraction cancels
 /// the held record [`cancelled`] names (or is held itself, to meet its
 /// insertion later).
@@ -162,7 +190,7 @@ fn hold<K: Key, T: StateValue>(
     cancels: impl Fn(&T, &T) -> bool,
     time_of: impl Fn(&T) -> Timestamp,
     diff_of: impl Fn(&mut T) -> &mut Diff,
-) {
+) -> Holding {
     let mut item = item;
     let held = side.get_or_insert_with(k.clone(), Held::default);
     if *diff_of(&mut item) < 0 {
@@ -171,20 +199,22 @@ fn hold<K: Key, T: StateValue>(
             let d = *diff_of(&mut item);
             let existing = &mut held.items[pos];
             *diff_of(existing) += d;
-            if *diff_of(existing) == 0 {
-                held.items.remove(pos);
-                if held.items.is_empty() {
-                    side.remove(&k);
-                }
+            if *diff_of(existing) != 0 {
+                return Holding::Reduced;
             }
-            return;
+            let time = time_of(existing);
+            held.items.remove(pos);
+            if held.items.is_empty() {
+                side.remove(&k);
+            }
+            return Holding::Cancelled(time);
         }
     }
     held.items.push_back(item);
-    if held.scheduled == Timestamp::MAX && release_at < END_OF_TIME {
-        held.scheduled = release_at;
-        due.schedule(release_at, k);
+    if release_at < END_OF_TIME {
+        due.bring_forward(&mut held.scheduled, release_at, &k);
     }
+    Holding::Appended
 }
 
 /// Forgets held records whose release time the watermark has passed.
@@ -331,6 +361,33 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         B: Fn(&L, Timestamp) -> (Timestamp, Timestamp) + 'static,
         F: Fn(&L, &R) -> O + 'static,
     {
+        let joined = self.join_core(name, other, key_left, key_right, interval, lateness, None, output);
+        IntervalJoined { results: joined.results, late_left: joined.late_left, late_right: joined.late_right }
+    }
+
+    /// The join operator: an interval join, or an unwindowed one whose
+    /// records expire (`ttl`).
+    #[allow(clippy::too_many_arguments)]
+    fn join_core<K, R, KL, KR, B, O, F>(
+        &self,
+        name: &str,
+        other: &EventStream<'scope, R>,
+        key_left: KL,
+        key_right: KR,
+        interval: Interval<B>,
+        lateness: AllowedLateness,
+        ttl: Option<StateTtl>,
+        output: F,
+    ) -> TtlJoined<'scope, O, L, R>
+    where
+        K: Key,
+        R: Data + PartialEq,
+        O: Data,
+        KL: Fn(&L) -> K + 'static,
+        KR: Fn(&R) -> K + 'static,
+        B: Fn(&L, Timestamp) -> (Timestamp, Timestamp) + 'static,
+        F: Fn(&L, &R) -> O + 'static,
+    {
         let key_left = Rc::new(key_left);
         let key_right = Rc::new(key_right);
         let (kl, kr) = (Rc::clone(&key_left), Rc::clone(&key_right));
@@ -343,7 +400,7 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         let (mut results_out, results) = builder.output::<O>();
         let (mut late_left_out, late_left) = builder.output::<L>();
         let (mut late_right_out, late_right) = builder.output::<R>();
-        let (count_left, count_right) = (Counter::new(), Counter::new());
+        let (count_left, count_right, expired) = (Counter::new(), Counter::new(), Counter::new());
         let mut op = IntervalOp {
             key_left,
             key_right,
@@ -354,10 +411,12 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
             counter_right: count_right.clone(),
             left_due: Timers::default(),
             right_due: Timers::default(),
+            ttl: ttl.map(|ttl| Expiring { ttl, expired: expired.clone(), hold: Hold::default() }),
         };
 
-        builder.build(move |_initial_capabilities, mut managed| {
-            managed.restore(|state, _time, entries| op.restore(state, entries));
+        builder.build(move |initial_capabilities, mut managed| {
+            managed.restore(|state, _time, entries| op.restore(state, entries, &initial_capabilities));
+            drop(initial_capabilities);
             move |frontiers| {
                 // Both sides are away while a background thread snapshots them.
                 if !managed.home() {
@@ -370,15 +429,20 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
                 input_left.for_each_stamp(|cap, data| op.take_left(state, &cap, data, &mut results, &mut late_l));
                 input_right.for_each_stamp(|cap, data| op.take_right(state, &cap, data, &mut results, &mut late_r));
                 let (left_watermark, right_watermark) = (watermark_of(&frontiers[0]), watermark_of(&frontiers[1]));
-                op.release(state, left_watermark, right_watermark);
+                if op.ttl.is_some() {
+                    op.expire(state, left_watermark.min(right_watermark), &mut results);
+                } else {
+                    op.release(state, left_watermark, right_watermark);
+                }
                 managed.checkpoint(left_watermark.min(right_watermark), ());
             }
         });
 
-        IntervalJoined {
+        TtlJoined {
             results,
             late_left: LateOutput { stream: late_left, count: count_left },
             late_right: LateOutput { stream: late_right, count: count_right },
+            expired,
         }
     }
 }
@@ -398,28 +462,65 @@ struct IntervalOp<K, KL, KR, B, F> {
     /// Keys by the time a release check is scheduled for their held records.
     left_due: Timers<K>,
     right_due: Timers<K>,
+    /// With a state time-to-live: what expiry does and what it owes.
+    ttl: Option<Expiring>,
+}
+
+/// The expiry of an unwindowed join's records ([`EventStream::state_ttl`]).
+struct Expiring {
+    ttl: StateTtl,
+    /// Records that expired.
+    expired: Counter,
+    /// With [`Expiry::Retract`](crate::state::Expiry::Retract): the
+    /// retractions owed, one promise per held record at the time it expires.
+    hold: Hold,
+}
+
+impl Expiring {
+    /// Owes the retractions of a record held at `time` (retracting mode).
+    fn owe(&mut self, time: Timestamp, cap: &InputCapability<Timestamp>) {
+        if self.ttl.retracts() {
+            self.hold.insert(self.ttl.expires_at(time), cap);
+        }
+    }
+
+    /// No longer owes them: the record was cancelled by a retraction.
+    fn forgive(&mut self, time: Timestamp) {
+        if self.ttl.retracts() {
+            self.hold.remove(self.ttl.expires_at(time));
+        }
+    }
 }
 
 impl<K, KL, KR, B, F> IntervalOp<K, KL, KR, B, F>
 where
     K: Key,
 {
-    /// Recovery: the records each side holds, and when they are due for release.
+    /// Recovery: the records each side holds, when they are due for
+    /// release, and (expiring with retractions) the retractions owed.
     fn restore<L: Data, R: Data>(
         &mut self,
         IntervalState { lefts, rights }: &mut IntervalState<K, L, R>,
         entries: &mut RestoredEntries<IntervalState<K, L, R>>,
+        initial: &[Capability<Timestamp>],
     ) {
         // Sized at once: entries come in the old maps' hash order.
         let n = entries.len();
         lefts.reserve(n);
         rights.reserve(n);
+        let mut owed = self.ttl.as_mut().filter(|e| e.ttl.retracts());
         entries.for_each(|entry| match entry {
             Sided::Left(k, held) => {
+                if let Some(e) = owed.as_mut() {
+                    held.items.iter().for_each(|l| e.hold.restore(e.ttl.expires_at(l.time), initial));
+                }
                 self.left_due.restore(held.scheduled, k.clone());
                 lefts.insert(k, held);
             }
             Sided::Right(k, held) => {
+                if let Some(e) = owed.as_mut() {
+                    held.items.iter().for_each(|r| e.hold.restore(e.ttl.expires_at(r.1), initial));
+                }
                 self.right_due.restore(held.scheduled, k.clone());
                 rights.insert(k, held);
             }
@@ -488,7 +589,14 @@ where
                 let release_at = self.lateness.release_at(hi.saturating_add(1));
                 let left = Left { record, time, lo, hi, diff };
                 let same = |a: &Left<L>, b: &Left<L>| a.record == b.record;
-                hold(lefts, &mut self.left_due, k, left, release_at, same, |e| e.time, |e| &mut e.diff);
+                let held = hold(lefts, &mut self.left_due, k, left, release_at, same, |e| e.time, |e| &mut e.diff);
+                if let Some(e) = self.ttl.as_mut() {
+                    match held {
+                        Holding::Appended => e.owe(time, cap),
+                        Holding::Cancelled(at) => e.forgive(at),
+                        Holding::Reduced => {}
+                    }
+                }
             }
         }
     }
@@ -543,7 +651,14 @@ where
                 let release_at = self.right_release(time);
                 let right = (record, time, diff);
                 let same = |a: &(R, Timestamp, Diff), b: &(R, Timestamp, Diff)| a.0 == b.0;
-                hold(rights, &mut self.right_due, k, right, release_at, same, |e| e.1, |e| &mut e.2);
+                let held = hold(rights, &mut self.right_due, k, right, release_at, same, |e| e.1, |e| &mut e.2);
+                if let Some(e) = self.ttl.as_mut() {
+                    match held {
+                        Holding::Appended => e.owe(time, cap),
+                        Holding::Cancelled(at) => e.forgive(at),
+                        Holding::Reduced => {}
+                    }
+                }
             }
         }
     }
@@ -566,6 +681,122 @@ where
             lefts.clear();
             rights.clear();
         }
+    }
+
+    /// Expiry of an unwindowed join's records ([`StateTtl`]): forgets every
+    /// held record whose time-to-live the watermark (of both inputs) has
+    /// passed and, retracting, retracts the pairs it made.
+    ///
+    /// A pair lives from the later of its two records' times until the
+    /// earlier one expires; its retraction is emitted by that one, at its
+    /// expiry time, while the other is still held: records are expired
+    /// strictly in the order of their expiry times (the left side first at
+    /// equal times, taking the pairs of equal times), not from the front of
+    /// a key's list.
+    fn expire<L: Data, R: Data, O: Data>(
+        &mut self,
+        IntervalState { lefts, rights }: &mut IntervalState<K, L, R>,
+        watermark: Timestamp,
+        results: &mut ActiveOutput<'_, O>,
+    ) where
+        F: Fn(&L, &R) -> O,
+    {
+        let Some(expiring) = self.ttl.as_mut() else { return };
+        let ttl = expiring.ttl;
+        let mut retractions: Vec<(Timestamp, Update<O>)> = Vec::new();
+        loop {
+            let left_first = match (self.left_due.next(), self.right_due.next()) {
+                (Some(l), Some(r)) if l.min(r) <= watermark => l <= r,
+                (Some(l), None) if l <= watermark => true,
+                (None, Some(r)) if r <= watermark => false,
+                _ => break,
+            };
+            if left_first {
+                let Some((time, keys)) = self.left_due.pop_due(watermark) else { break };
+                for k in keys {
+                    let Some(held) = lefts.get_mut(&k) else { continue };
+                    if held.scheduled != time {
+                        continue;
+                    }
+                    let (gone, kept): (VecDeque<_>, VecDeque<_>) =
+                        std::mem::take(&mut held.items).into_iter().partition(|l| ttl.expires_at(l.time) <= time);
+                    held.items = kept;
+                    expiring.expired.add(gone.len() as u64);
+                    if ttl.retracts() {
+                        let partners = rights.get(&k);
+                        for l in &gone {
+                            let at = ttl.expires_at(l.time);
+                            expiring.hold.remove(at);
+                            for (r, rt, rd) in partners.iter().flat_map(|h| h.items.iter()) {
+                                if *rt >= l.time && l.lo <= *rt && *rt <= l.hi {
+                                    retractions.push((at, ((self.output)(&l.record, r), at, -(l.diff * rd))));
+                                }
+                            }
+                        }
+                    }
+                    let Some(held) = lefts.get_mut(&k) else { continue };
+                    match held.items.iter().map(|l| ttl.expires_at(l.time)).min() {
+                        None => {
+                            lefts.remove(&k);
+                        }
+                        Some(next) => {
+                            held.scheduled = next;
+                            self.left_due.schedule(next, k);
+                        }
+                    }
+                }
+            } else {
+                let Some((time, keys)) = self.right_due.pop_due(watermark) else { break };
+                for k in keys {
+                    let Some(held) = rights.get_mut(&k) else { continue };
+                    if held.scheduled != time {
+                        continue;
+                    }
+                    let (gone, kept): (VecDeque<_>, VecDeque<_>) =
+                        std::mem::take(&mut held.items).into_iter().partition(|r| ttl.expires_at(r.1) <= time);
+                    held.items = kept;
+                    expiring.expired.add(gone.len() as u64);
+                    if ttl.retracts() {
+                        let partners = lefts.get(&k);
+                        for (r, rt, rd) in &gone {
+                            let at = ttl.expires_at(*rt);
+                            expiring.hold.remove(at);
+                            for l in partners.iter().flat_map(|h| h.items.iter()) {
+                                if l.time > *rt && l.lo <= *rt && *rt <= l.hi {
+                                    retractions.push((at, ((self.output)(&l.record, r), at, -(l.diff * rd))));
+                                }
+                            }
+                        }
+                    }
+                    let Some(held) = rights.get_mut(&k) else { continue };
+                    match held.items.iter().map(|r| ttl.expires_at(r.1)).min() {
+                        None => {
+                            rights.remove(&k);
+                        }
+                        Some(next) => {
+                            held.scheduled = next;
+                            self.right_due.schedule(next, k);
+                        }
+                    }
+                }
+            }
+        }
+        if watermark == END_OF_TIME {
+            lefts.clear();
+            rights.clear();
+        }
+        // One output session per retraction time.
+        retractions.sort_by_key(|(at, _)| *at);
+        let mut due = retractions.into_iter().peekable();
+        while let Some((at, first)) = due.next() {
+            let cap = expiring.hold.at_or_after(at);
+            let mut session = results.session(&cap);
+            session.give(first);
+            while let Some((_, update)) = due.next_if(|(t, _)| *t == at) {
+                session.give(update);
+            }
+        }
+        expiring.hold.settle(None);
     }
 }
 
@@ -707,5 +938,60 @@ impl<'scope, L: Data + PartialEq> crate::late::WithLateness<'scope, L> {
         KR: Fn(&R) -> K + 'static,
     {
         self.stream.window_join_with(other, windows, key_left, key_right, self.lateness)
+    }
+}
+
+impl<'scope, L: Data + PartialEq> crate::state::WithTtl<'scope, L> {
+    /// [`EventStream::join`] whose held records expire: a record at event
+    /// time `t` is seen by the other side's records up to `t + ttl` and
+    /// forgotten once both watermarks pass `t + ttl`, so two records join
+    /// when their times are at most the time-to-live apart, on any layout.
+    /// With [`Expiry::Retract`](crate::state::Expiry::Retract) every pair is
+    /// retracted when the earlier of its two records expires, at that time.
+    /// Records that come behind the watermark (whose partners may already
+    /// be gone) go to the late outputs.
+    ///
+    /// # Examples
+    /// ```
+    /// use highwater_operators::prelude::*;
+    /// use highwater_operators::state::{Expiry, StateTtl};
+    /// use timely::dataflow::operators::ToStream;
+    /// use timely::dataflow::operators::capture::{Capture, Extract};
+    ///
+    /// let captured = timely::example(|scope| {
+    ///     // An auction at 1 s; bids on it at 5 s and at 90 s.
+    ///     let auctions = EventStream::new(vec![(7u64, 1_000u64, 1i64)].to_stream(scope));
+    ///     let bids = EventStream::new(vec![((7u64, 'a'), 5_000u64, 1i64), ((7, 'b'), 90_000, 1)].to_stream(scope));
+    ///     let ttl = StateTtl::event_time(60.secs()).expiry(Expiry::Retract);
+    ///     bids.state_ttl(ttl).join(&auctions, |b| b.0, |a| *a, |b, _| b.1).results.inner.capture()
+    /// });
+    /// let mut out: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).collect();
+    /// out.sort();
+    /// // The bid at 90 s comes after the auction expired; the pair made at
+    /// // 5 s is retracted when the auction expires, at 61.001 s.
+    /// assert_eq!(out, vec![('a', 5_000, 1), ('a', 61_001, -1)]);
+    /// ```
+    pub fn join<K, R, KL, KR, O, F>(
+        &self,
+        other: &EventStream<'scope, R>,
+        key_left: KL,
+        key_right: KR,
+        output: F,
+    ) -> TtlJoined<'scope, O, L, R>
+    where
+        K: Key,
+        R: Data + PartialEq,
+        O: Data,
+        KL: Fn(&L) -> K + 'static,
+        KR: Fn(&R) -> K + 'static,
+        F: Fn(&L, &R) -> O + 'static,
+    {
+        let ttl = self.ttl;
+        let span = ttl.millis();
+        let interval = Interval {
+            bounds: move |_: &L, t: Timestamp| (t.saturating_sub(span), t.saturating_add(span)),
+            lead: span,
+        };
+        self.stream.join_core("Join", other, key_left, key_right, interval, AllowedLateness::ZERO, Some(ttl), output)
     }
 }

@@ -54,7 +54,7 @@ pub mod prelude {
         Aggregate, Avg, Collect, Count, Decimal, DistinctCount, Fold, Max, MaxBy, Min, Sum, TopK,
     };
     pub use crate::cep::{AfterMatchSkip, Match, Matches, Pattern, PatternExt};
-    pub use crate::join::{between, by_record, Interval, IntervalJoined, Side, WindowJoined};
+    pub use crate::join::{between, by_record, Interval, IntervalJoined, Side, TtlJoined, WindowJoined};
     pub use crate::late::{LateOutput, WithLateness};
     pub use crate::stream::EventStream;
     pub use crate::table::{AsOfJoined, Table, TableReader, Upserted};

@@ -48,6 +48,7 @@ mod process;
 mod rocks;
 mod stateful;
 mod timers;
+mod ttl;
 
 pub use crate::checkpoint::{BackendFiles, Schema, StateError};
 pub use backend::{Encoded, InMemory, KeyedStateBackend, StateValue};
@@ -62,6 +63,7 @@ pub use stateful::{
     snapshot_without_keyed, GatedInput, InputOf, Managed, OutputOf, RestoredEntries, Stateful, StatefulBuilder,
 };
 pub use timers::Timers;
+pub use ttl::{Expiry, StateTtl, WithTtl};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;

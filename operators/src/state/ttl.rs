@@ -1,0 +1,102 @@
+//! State time-to-live: bounded state for operators that no watermark
+//! releases (unwindowed joins, tables, aggregations by key).
+//!
+//! A windowed operator forgets a window once the watermark passes it; an
+//! unwindowed one keeps every key for ever unless it is told how long an
+//! entry stays useful. [`StateTtl`] says so, in **event time**: an entry last
+//! written at event time `u` is seen by records up to `u + ttl` and
+//! forgotten once the watermark passes `u + ttl`. Because that is decided by
+//! event times and watermarks, never by the wall clock, what is kept, and so
+//! every result, is the same on any number of workers and after recovery
+//! (Flink's TTL runs in processing time: what it keeps depends on how fast
+//! the job ran).
+//!
+//! What expiry means downstream is the user's choice ([`Expiry`]): forget
+//! silently (Flink's behaviour: downstream keeps what it was told), or emit
+//! retractions of what expired at the time it expired, so that a view or a
+//! table built downstream holds only live results.
+
+use crate::key::Data;
+use crate::stream::EventStream;
+use crate::time::{IntoMillis, Timestamp};
+
+/// What an operator does when an entry of its state expires.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Expiry {
+    /// The entry is forgotten; results it took part in stand (Flink's
+    /// `StateTtlConfig` and `table.exec.state.ttl`).
+    #[default]
+    Silent,
+    /// The entry is forgotten and the results it took part in are retracted
+    /// at the time it expired: downstream holds only what is live.
+    Retract,
+}
+
+/// A time-to-live for the state of an operator that no watermark releases.
+///
+/// Given to an operator with [`EventStream::state_ttl`](crate::EventStream::state_ttl):
+///
+/// ```
+/// use highwater_operators::prelude::*;
+/// use highwater_operators::state::{Expiry, StateTtl};
+/// let ttl = StateTtl::event_time(10.minutes()).expiry(Expiry::Retract);
+/// assert_eq!(ttl.millis(), 600_000);
+/// assert_eq!(ttl.expires_at(1_000), 601_001);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct StateTtl {
+    ttl: u64,
+    expiry: Expiry,
+}
+
+impl StateTtl {
+    /// Entries live for `ttl` of event time after their last write, and are
+    /// forgotten silently ([`Expiry::Silent`]).
+    pub fn event_time(ttl: impl IntoMillis) -> Self {
+        StateTtl { ttl: ttl.into_millis(), expiry: Expiry::Silent }
+    }
+
+    /// What expiry does downstream.
+    pub fn expiry(mut self, expiry: Expiry) -> Self {
+        self.expiry = expiry;
+        self
+    }
+
+    /// The time-to-live, in milliseconds of event time.
+    pub fn millis(&self) -> u64 {
+        self.ttl
+    }
+
+    /// What expiry does downstream.
+    pub fn mode(&self) -> Expiry {
+        self.expiry
+    }
+
+    /// Whether expiry retracts results ([`Expiry::Retract`]).
+    pub fn retracts(&self) -> bool {
+        self.expiry == Expiry::Retract
+    }
+
+    /// The first event time at which an entry last written at `written` is
+    /// gone: `written + ttl + 1` (saturating).
+    pub fn expires_at(&self, written: Timestamp) -> Timestamp {
+        written.saturating_add(self.ttl).saturating_add(1)
+    }
+}
+
+/// A stream for an operator whose state expires ([`EventStream::state_ttl`]):
+/// its operators ([`join`](WithTtl::join)) are those of the stream, with a
+/// time-to-live on what they hold.
+#[derive(Debug)]
+pub struct WithTtl<'scope, D: 'static> {
+    pub(crate) stream: EventStream<'scope, D>,
+    pub(crate) ttl: StateTtl,
+}
+
+impl<'scope, D: Data> EventStream<'scope, D> {
+    /// This stream, for an operator whose state expires after `ttl` of
+    /// event time (see [`StateTtl`]).
+    pub fn state_ttl(&self, ttl: StateTtl) -> WithTtl<'scope, D> {
+        WithTtl { stream: self.clone(), ttl }
+    }
+}

@@ -1,0 +1,137 @@
+//! State time-to-live of the unwindowed join, against a naive model with
+//! expiry: random out-of-order records of both sides (insertions, and
+//! retractions of some of them), a checkpoint at a random cut and a recovery
+//! onto another number of workers, both expiry modes. The model: records
+//! that arrive behind the watermark are late and join nothing; every other
+//! left and right record of a key whose event times are at most the
+//! time-to-live apart make a pair at the later time, retracted (when expiry
+//! retracts) at the time the earlier one expires.
+
+use std::collections::BTreeMap;
+
+use highwater_operators::checkpoint::memory::{check_recovery, Input, Output};
+use highwater_operators::prelude::*;
+use highwater_operators::state::{Expiry, StateTtl};
+use proptest::prelude::*;
+use timely::dataflow::operators::vec::Map;
+
+/// A record of either side: `(left?, key, id, event time)`; the id makes
+/// every record distinct.
+type Rec = (bool, u8, u16, u64);
+/// A pair, as the join emits it: `(left id, right id)`, with the pair's
+/// event time.
+type Pair = ((u16, u16), u64);
+
+const TTL: u64 = 120;
+
+/// Random records of both sides: arrival times in [0, 2000), event times up
+/// to 300 before or after the arrival (those behind it are late), some
+/// retracted a little later at their own event time.
+fn records() -> impl Strategy<Value = Vec<Input<Rec>>> {
+    prop::collection::vec((any::<bool>(), 0u8..4, 0u64..2000, 0u64..600, prop::bool::weighted(0.2)), 1..120).prop_map(
+        |raw| {
+            let mut out = Vec::new();
+            for (id, (left, key, arrival, skew, retract)) in raw.into_iter().enumerate() {
+                let time = (arrival + skew).saturating_sub(300);
+                let rec = (left, key, id as u16, time);
+                out.push((rec, time, 1, arrival));
+                if retract {
+                    out.push((rec, time, -1, arrival + 30));
+                }
+            }
+            out.sort_by_key(|u| u.3);
+            out
+        },
+    )
+}
+
+fn workers() -> impl Strategy<Value = (usize, usize)> {
+    prop_oneof![Just((1, 3)), Just((3, 1)), Just((3, 3)), Just((1, 1))]
+}
+
+/// The join's pairs under `ttl`, with their event times.
+fn model(input: &[Input<Rec>], ttl: StateTtl) -> BTreeMap<Pair, i64> {
+    let mut held: BTreeMap<Rec, i64> = BTreeMap::new();
+    for (rec, time, diff, arrival) in input {
+        // Late: behind the watermark when it arrives.
+        if time >= arrival {
+            *held.entry(*rec).or_default() += diff;
+        }
+    }
+    held.retain(|_, d| *d != 0);
+    let mut out = BTreeMap::new();
+    for (l, dl) in held.iter().filter(|(r, _)| r.0) {
+        for (r, dr) in held.iter().filter(|(r, _)| !r.0) {
+            if l.1 != r.1 || l.3.abs_diff(r.3) > ttl.millis() {
+                continue;
+            }
+            *out.entry(((l.2, r.2), l.3.max(r.3))).or_default() += dl * dr;
+            if ttl.retracts() {
+                *out.entry(((l.2, r.2), ttl.expires_at(l.3.min(r.3)))).or_default() -= dl * dr;
+            }
+        }
+    }
+    out.retain(|_, d| *d != 0);
+    out
+}
+
+/// An output by pair and event time, summed over the times it travelled at.
+fn by_event_time(output: &Output<Pair>) -> BTreeMap<Pair, i64> {
+    let mut out = BTreeMap::new();
+    for ((pair, _), diff) in output {
+        *out.entry(*pair).or_default() += diff;
+    }
+    out.retain(|_, d| *d != 0);
+    out
+}
+
+fn joined(expiry: Expiry) -> impl for<'s> Fn(&EventStream<'s, Rec>) -> EventStream<'s, Pair> + Send + Sync + 'static {
+    move |records| {
+        let lefts = records.filter(|r: &Rec| r.0);
+        let rights = records.filter(|r: &Rec| !r.0);
+        let ttl = StateTtl::event_time(TTL).expiry(expiry);
+        let pairs = lefts.state_ttl(ttl).join(&rights, |l| l.1, |r| r.1, |l, r| (l.2, r.2)).results;
+        // The event time into the record, so that it can be compared.
+        EventStream::new(pairs.inner.map(|(pair, time, diff)| ((pair, time), time, diff)))
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn expiring_silently_joins_what_is_within_the_ttl(input in records(), cut in 1u64..2200, (before, after) in workers()) {
+        let ttl = StateTtl::event_time(TTL);
+        let run = check_recovery(&input, cut, before, after, joined(Expiry::Silent));
+        prop_assert!(run.failures.is_empty(), "{:?}", run.failures);
+        prop_assert_eq!(by_event_time(&run.expected), model(&input, ttl));
+        prop_assert_eq!(by_event_time(&run.recovered), model(&input, ttl));
+    }
+
+    #[test]
+    fn expiring_with_retractions_retracts_every_pair(input in records(), cut in 1u64..2200, (before, after) in workers()) {
+        let ttl = StateTtl::event_time(TTL).expiry(Expiry::Retract);
+        let run = check_recovery(&input, cut, before, after, joined(Expiry::Retract));
+        prop_assert!(run.failures.is_empty(), "{:?}", run.failures);
+        prop_assert_eq!(by_event_time(&run.expected), model(&input, ttl));
+        prop_assert_eq!(by_event_time(&run.recovered), model(&input, ttl));
+    }
+}
+
+/// Expired records leave the state: after the watermark passes every
+/// record's time plus the time-to-live, the checkpoint holds nothing of the
+/// join, and the counter counts every held record.
+#[test]
+fn expired_records_leave_the_checkpoint() {
+    // Lefts and rights of one key every 10 ms over 2 s, in order.
+    let input: Vec<Input<Rec>> = (0..200u64).map(|i| ((i % 2 == 0, 1, i as u16, i * 10), i * 10, 1, i * 10)).collect();
+    // Cut late: everything but the last TTL's records has expired by then.
+    let run = check_recovery(&input, 1_900, 1, 1, joined(Expiry::Silent));
+    let held = run.checkpoint.entries_of("Join");
+    assert!(held > 0, "the records within the TTL of the cut are held");
+    // A record is held by its key's list: one entry per side at most.
+    assert!(held <= 2, "expired records are forgotten: {held} entries");
+    let pairs = by_event_time(&run.expected).len();
+    let model = model(&input, StateTtl::event_time(TTL)).len();
+    assert_eq!(pairs, model);
+}

@@ -112,6 +112,13 @@ fn counts(bids: &[&Bid]) -> Vec<String> {
 }
 
 fn expected(query: u8, events: &[Event]) -> Vec<String> {
+    expected_with_ttl(query, events, u64::MAX)
+}
+
+/// [`expected`], the unwindowed joins (q3, q20) joining only records whose
+/// event times are at most `ttl` apart (a state time-to-live in event time).
+fn expected_with_ttl(query: u8, events: &[Event], ttl: u64) -> Vec<String> {
+    let within = |a: u64, b: u64| a.abs_diff(b) <= ttl;
     let d = split(events);
     let mut rows: Vec<String> = match query {
         0 => d
@@ -124,7 +131,11 @@ fn expected(query: u8, events: &[Event]) -> Vec<String> {
         3 => {
             let mut out = vec![];
             for p in d.persons.iter().filter(|p| ["OR", "ID", "CA"].contains(&p.state.as_str())) {
-                for a in d.auctions.iter().filter(|a| a.category == 10 && a.seller == p.id) {
+                for a in d
+                    .auctions
+                    .iter()
+                    .filter(|a| a.category == 10 && a.seller == p.id && within(a.date_time, p.date_time))
+                {
                     out.push(r!(field(&p.name), field(&p.city), field(&p.state), a.id));
                 }
             }
@@ -340,7 +351,7 @@ fn expected(query: u8, events: &[Event]) -> Vec<String> {
         20 => {
             let mut out = vec![];
             for a in d.auctions.iter().filter(|a| a.category == 10) {
-                for b in d.bids.iter().filter(|b| b.auction == a.id) {
+                for b in d.bids.iter().filter(|b| b.auction == a.id && within(a.date_time, b.date_time)) {
                     out.push(r!(
                         b.auction,
                         b.bidder,
@@ -474,5 +485,51 @@ fn q12_counts_every_bid_once() {
             *got.entry(cols[0].parse().unwrap()).or_default() += cols[1].parse::<u64>().unwrap();
         }
         assert_eq!(got, want);
+    }
+}
+
+/// q3 and q20 with a state time-to-live (`--state-ttl`): records expire
+/// `ttl` of event time after their own, so the joins keep the pairs whose
+/// times are at most that apart: equal to the oracle with the same expiry,
+/// on 1 and 2 workers, in and out of order; and the TTL does cut pairs (the
+/// result differs from the unbounded join's). With retractions every pair
+/// is taken back by the end of the input.
+mod state_ttl {
+    use super::*;
+    use highwater_operators::state::{Expiry, StateTtl};
+
+    fn check(query: u8, workers: usize, out_of_order_ms: u64, ttl: u64) {
+        let config: GeneratorConfig = common::config(60_000, out_of_order_ms);
+        let events = common::events(&config);
+        let want = expected_with_ttl(query, &events, ttl);
+        assert!(!want.is_empty(), "q{query}: the test data should give a non-empty result");
+        let all = expected(query, &events).len();
+        assert!(want.len() < all, "q{query}: a TTL of {ttl} ms should cut pairs ({} of {all})", want.len());
+        let options = QueryOptions { state_ttl: Some(StateTtl::event_time(ttl)), ..QueryOptions::default() };
+        let (got, late) = run_query(Query(query), &config, workers, options);
+        assert_eq!(late, 0, "q{query}: nothing is late within the watermark delay");
+        assert_eq!(got.len(), want.len(), "q{query} with a TTL of {ttl} ms at {workers} workers");
+        assert!(got == want, "q{query} with a TTL of {ttl} ms at {workers} workers: other rows");
+        let retracting = StateTtl::event_time(ttl).expiry(Expiry::Retract);
+        let options = QueryOptions { state_ttl: Some(retracting), ..QueryOptions::default() };
+        let (got, _) = run_query(Query(query), &config, workers, options);
+        assert!(got.is_empty(), "q{query}: every pair is retracted when it expires: {} left", got.len());
+    }
+
+    #[test]
+    fn q20_in_order_1w() {
+        check(20, 1, 0, 300);
+    }
+    #[test]
+    fn q20_out_of_order_2w() {
+        check(20, 2, 2_000, 300);
+    }
+    #[test]
+    fn q3_in_order_2w() {
+        check(3, 2, 0, 5_000);
+    }
+    #[test]
+    fn q3_out_of_order_1w() {
+        check(3, 1, 2_000, 5_000);
     }
 }

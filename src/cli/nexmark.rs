@@ -515,7 +515,12 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     };
     let input = Arc::new(input);
     let side_input = args.side_input.as_ref().map(read_side_input).transpose()?.map(Arc::new);
-    let query_options = QueryOptions { allowed_lateness: args.allowed_lateness.0, side_input, blackhole: args.discard };
+    let query_options = QueryOptions {
+        allowed_lateness: args.allowed_lateness.0,
+        side_input,
+        blackhole: args.discard,
+        state_ttl: args.state.ttl(),
+    };
     if checkpointed {
         if args.output_dir.is_none() && args.output_postgres.is_none() && args.output_topic.is_none() && !args.discard {
             tracing::warn!("--checkpoint-dir without --output-dir or --output-postgres: rows written since the last checkpoint are written again after a recovery");

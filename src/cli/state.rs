@@ -1,9 +1,12 @@
-//! Where a job keeps its operators' keyed state: `--state-backend`,
-//! `--state-dir`, `--state-cache`.
+//! Where a job keeps its operators' keyed state and for how long:
+//! `--state-backend`, `--state-dir`, `--state-cache`, `--state-ttl`,
+//! `--state-ttl-expiry`.
 
 use std::path::PathBuf;
 
-use highwater_operators::state::{parse_size, Backend, RocksDbConfig};
+use highwater_operators::state::{parse_size, Backend, Expiry, RocksDbConfig, StateTtl};
+
+use crate::time::Millis;
 
 /// The state backend options of a job's command.
 #[derive(Debug, Clone, clap::Args)]
@@ -23,6 +26,17 @@ pub(super) struct StateArgs {
     /// process's databases (e.g. 256MiB, 1GiB).
     #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_cache)]
     state_cache: usize,
+    /// A time-to-live, in event time, for the state no watermark releases
+    /// (the unwindowed join of q20): a record is seen by the other side up
+    /// to its event time plus the TTL and forgotten once the watermark
+    /// passes that (e.g. 10min). Without it such state is kept for ever.
+    #[arg(long, value_name = "DURATION")]
+    state_ttl: Option<Millis>,
+    /// What expiry does: `silent` (results stand, as Flink's state TTL) or
+    /// `retract` (the results an expired record took part in are retracted
+    /// at its expiry time: the output becomes a changelog of live results).
+    #[arg(long, default_value = "silent", value_parser = ["silent", "retract"], requires = "state_ttl")]
+    state_ttl_expiry: String,
 }
 
 fn parse_cache(text: &str) -> Result<usize, String> {
@@ -30,6 +44,12 @@ fn parse_cache(text: &str) -> Result<usize, String> {
 }
 
 impl StateArgs {
+    /// The time-to-live these options give, if any.
+    pub(super) fn ttl(&self) -> Option<StateTtl> {
+        let expiry = if self.state_ttl_expiry == "retract" { Expiry::Retract } else { Expiry::Silent };
+        self.state_ttl.map(|ttl| StateTtl::event_time(ttl.0).expiry(expiry))
+    }
+
     /// The backend these options choose.
     pub(super) fn backend(&self) -> anyhow::Result<Backend> {
         match self.state_backend.as_str() {

@@ -1,7 +1,9 @@
 //! Join queries: people with their auctions, bids with their auctions.
 
 use highwater_operators::join::by_record;
+use highwater_operators::key::{Data, Key};
 use highwater_operators::prelude::*;
+use highwater_operators::Counter;
 
 use super::{auctions, bids, persons, QueryKind, QueryOptions, QueryOutput};
 use crate::nexmark::model::{Auction, Bid, Event, Person};
@@ -11,13 +13,47 @@ pub(super) fn q3<'scope>(events: &EventStream<'scope, Event>, options: &QueryOpt
     let fmt = options.format();
     let sellers = persons(events).filter(|p: &Person| matches!(p.state.as_str(), "OR" | "ID" | "CA"));
     let auctions = auctions(events).filter(|a: &Auction| a.category == 10);
-    let rows = sellers.join(
+    let (rows, kind, late) = join(
+        "q3",
+        &sellers,
         &auctions,
         |p| p.id,
         |a| a.seller,
         move |p, a| fmt.row().str(&p.name).str(&p.city).str(&p.state).int(a.id).done(),
+        options,
     );
-    QueryOutput { header: &["name", "city", "state", "id"], rows, kind: QueryKind::Append, late: Vec::new() }
+    QueryOutput { header: &["name", "city", "state", "id"], rows, kind, late }
+}
+
+/// `left` joined with `right` unwindowed: for ever, or with the options'
+/// state time-to-live. Then records behind the watermark are late
+/// (counted), the expired ones are counted in the job's totals as
+/// `<query>.expired`, and with retractions the rows are a changelog.
+#[allow(clippy::too_many_arguments)]
+fn join<'scope, L, R, K, O>(
+    query: &str,
+    left: &EventStream<'scope, L>,
+    right: &EventStream<'scope, R>,
+    key_left: impl Fn(&L) -> K + 'static,
+    key_right: impl Fn(&R) -> K + 'static,
+    output: impl Fn(&L, &R) -> O + 'static,
+    options: &QueryOptions,
+) -> (EventStream<'scope, O>, QueryKind, Vec<Counter>)
+where
+    L: Data + PartialEq,
+    R: Data + PartialEq,
+    K: Key,
+    O: Data,
+{
+    let Some(ttl) = options.state_ttl else {
+        return (left.join(right, key_left, key_right, output), QueryKind::Append, Vec::new());
+    };
+    let joined = left.state_ttl(ttl).join(right, key_left, key_right, output);
+    if let Some(totals) = crate::totals::Totals::of(&left.scope()) {
+        totals.count(&format!("{query}.expired"), &joined.expired);
+    }
+    let kind = if ttl.retracts() { QueryKind::Updating } else { QueryKind::Append };
+    (joined.results, kind, vec![joined.late_left.count, joined.late_right.count])
 }
 
 /// People who registered and opened an auction in the same 10 s window.
@@ -61,7 +97,9 @@ pub(super) fn q8<'scope>(events: &EventStream<'scope, Event>, options: &QueryOpt
 pub(super) fn q20<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
     let fmt = options.format();
     let auctions = auctions(events).filter(|a: &Auction| a.category == 10);
-    let rows = bids(events).join(
+    let (rows, kind, late) = join(
+        "q20",
+        &bids(events),
         &auctions,
         |b: &Bid| b.auction,
         |a: &Auction| a.id,
@@ -85,6 +123,7 @@ pub(super) fn q20<'scope>(events: &EventStream<'scope, Event>, options: &QueryOp
                 .str(&a.extra)
                 .done()
         },
+        options,
     );
     QueryOutput {
         header: &[
@@ -106,7 +145,7 @@ pub(super) fn q20<'scope>(events: &EventStream<'scope, Event>, options: &QueryOp
             "auction_extra",
         ],
         rows,
-        kind: QueryKind::Append,
-        late: Vec::new(),
+        kind,
+        late,
     }
 }

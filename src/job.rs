@@ -50,7 +50,7 @@ pub use crate::failures::Failures;
 use crate::failures::FAILURES_KEY;
 use crate::latency::Latency;
 use crate::source::{Alignment, Failing};
-use crate::totals::{Totals, TOTALS_KEY};
+use crate::totals::{Finished, Totals, TOTALS_KEY};
 use highwater_operators::checkpoint::CheckpointId;
 use highwater_operators::flow::InFlight;
 
@@ -261,6 +261,7 @@ impl Job {
         let threads = crate::cluster::threads(&config).max(1);
         let summed: Arc<Mutex<Option<BTreeMap<String, u64>>>> = Arc::default();
         let summed_here = Arc::clone(&summed);
+        let finished = Finished::default();
         if let Some(ck) = checkpoints.as_ref() {
             ck.configure(&mut config);
         }
@@ -269,6 +270,7 @@ impl Job {
         let ck = checkpoints.clone();
         let started = crate::cluster::execute_abortable(config, &abort, move |worker| -> Result<T, JobError> {
             let index = worker.index();
+            let mut finish = finished.mark();
             // A worker that stops with an error drops its dataflows: timely
             // would step them until they complete, and they would not, with
             // another worker's half missing or its sources held.
@@ -312,10 +314,21 @@ impl Job {
             if let Some(ck) = ck.as_ref() {
                 watched.push(ck);
             }
-            crate::source::run_with_board(worker, &watched, board)
-                .map_err(|e| JobError::Worker { worker: index, error: e.0 })?;
-            // One worker per process gives the process's sums.
-            let mine = if index % threads == 0 { totals.local() } else { BTreeMap::new() };
+            let ran = crate::source::run_with_board(worker, &watched, board);
+            finish.finish();
+            ran.map_err(|e| JobError::Worker { worker: index, error: e.0 })?;
+            // One worker per process gives the process's sums, once every
+            // worker of the process has finished (its sinks written out).
+            let mine = if index % threads == 0 {
+                if !finished.wait_for(threads, crate::totals::EXCHANGE_TIMEOUT) {
+                    tracing::warn!(
+                        "a worker of this process did not finish: its counts may be missing from the totals"
+                    );
+                }
+                totals.local()
+            } else {
+                BTreeMap::new()
+            };
             match crate::totals::sum_over_job(worker, mine) {
                 Some(sums) if index % threads == 0 => {
                     *summed_here.lock().unwrap_or_else(|e| e.into_inner()) = Some(sums)

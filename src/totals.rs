@@ -24,7 +24,7 @@ use timely::dataflow::operators::{Input, Inspect, Probe};
 pub(crate) const TOTALS_KEY: &str = "highwater::totals";
 
 /// How long the workers wait for the other processes' sums.
-const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The counters of a job's process, by name; shared by its workers.
 #[derive(Clone, Debug, Default)]
@@ -51,6 +51,58 @@ impl Totals {
     pub fn local(&self) -> BTreeMap<String, u64> {
         let counters = self.0.lock().unwrap_or_else(|e| e.into_inner());
         counters.iter().map(|(name, list)| (name.clone(), list.iter().map(Counter::get).sum())).collect()
+    }
+}
+
+/// The workers of a process that have run their dataflows to the end.
+///
+/// A process's sums are read once all its workers have: a worker's
+/// dataflow completes when every worker's operators have dropped their
+/// capabilities, but another worker's sink may still write its last rows
+/// (a table sink writes its rows at the end) after that, so a sum read as
+/// soon as one worker is done can miss them.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Finished(Arc<(Mutex<usize>, std::sync::Condvar)>);
+
+impl Finished {
+    /// A worker's mark, given when it has run its dataflows (or failed):
+    /// [`FinishMark::finish`], or dropped.
+    pub(crate) fn mark(&self) -> FinishMark {
+        FinishMark { finished: self.clone(), given: false }
+    }
+
+    /// Waits until `workers` workers have finished, at most `timeout`;
+    /// whether they have.
+    pub(crate) fn wait_for(&self, workers: usize, timeout: Duration) -> bool {
+        let (count, changed) = &*self.0;
+        let count = count.lock().unwrap_or_else(|e| e.into_inner());
+        let (count, _) =
+            changed.wait_timeout_while(count, timeout, |n| *n < workers).unwrap_or_else(|e| e.into_inner());
+        *count >= workers
+    }
+}
+
+/// One worker's part of [`Finished`]: counted once, when given or dropped.
+#[derive(Debug)]
+pub(crate) struct FinishMark {
+    finished: Finished,
+    given: bool,
+}
+
+impl FinishMark {
+    /// Counts this worker as finished.
+    pub(crate) fn finish(&mut self) {
+        if !std::mem::replace(&mut self.given, true) {
+            let (count, changed) = &*self.finished.0;
+            *count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+            changed.notify_all();
+        }
+    }
+}
+
+impl Drop for FinishMark {
+    fn drop(&mut self) {
+        self.finish();
     }
 }
 

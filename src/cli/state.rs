@@ -1,6 +1,6 @@
 //! Where a job keeps its operators' keyed state and for how long:
-//! `--state-backend`, `--state-dir`, `--state-cache`, `--state-ttl`,
-//! `--state-ttl-expiry`.
+//! `--state-backend`, `--state-dir`, `--state-cache`, `--state-write-buffer`,
+//! `--state-ttl`, `--state-ttl-expiry`.
 
 use std::path::PathBuf;
 
@@ -26,6 +26,11 @@ pub(super) struct StateArgs {
     /// process's databases (e.g. 256MiB, 1GiB).
     #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_cache)]
     state_cache: usize,
+    /// With `--state-backend rocksdb`: the write buffer (memtable) of each
+    /// operator's database, at most three per database (e.g. 64MiB: fewer,
+    /// larger flushes and less compaction, for more memory).
+    #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = parse_cache)]
+    state_write_buffer: usize,
     /// A time-to-live, in event time, for the state no watermark releases
     /// (the unwindowed join of q20): a record is seen by the other side up
     /// to its event time plus the TTL and forgotten once the watermark
@@ -55,7 +60,9 @@ impl StateArgs {
         match self.state_backend.as_str() {
             "rocksdb" => {
                 let dir = self.state_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("highwater-state"));
-                Ok(Backend::RocksDb(RocksDbConfig::new(dir).cache(self.state_cache)))
+                Ok(Backend::RocksDb(
+                    RocksDbConfig::new(dir).cache(self.state_cache).write_buffer(self.state_write_buffer),
+                ))
             }
             _ if self.state_dir.is_some() => anyhow::bail!("--state-dir is for --state-backend rocksdb"),
             _ => Ok(Backend::Memory),

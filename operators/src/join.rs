@@ -703,6 +703,18 @@ where
     {
         let Some(expiring) = self.ttl.as_mut() else { return };
         let ttl = expiring.ttl;
+        if watermark == END_OF_TIME && !ttl.retracts() {
+            // Both inputs have ended: everything expires, silently, at once.
+            let mut held = 0;
+            lefts.for_each(|_, h| held += h.items.len());
+            rights.for_each(|_, h| held += h.items.len());
+            expiring.expired.add(held as u64);
+            lefts.clear();
+            rights.clear();
+            self.left_due.clear();
+            self.right_due.clear();
+            return;
+        }
         let mut retractions: Vec<(Timestamp, Update<O>)> = Vec::new();
         loop {
             let left_first = match (self.left_due.next(), self.right_due.next()) {

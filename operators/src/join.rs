@@ -715,6 +715,11 @@ where
             self.right_due.clear();
             return;
         }
+        // A record expiring at `at` is forgotten once the watermark has
+        // passed `at`, not when it reaches it: a checkpoint at watermark
+        // `at` holds the record, and the retractions at `at` come after
+        // that cut (they are emitted again after a recovery from it).
+        let watermark = if watermark == END_OF_TIME { END_OF_TIME } else { watermark.saturating_sub(1) };
         let mut retractions: Vec<(Timestamp, Update<O>)> = Vec::new();
         loop {
             let left_first = match (self.left_due.next(), self.right_due.next()) {

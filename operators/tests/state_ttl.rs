@@ -1,13 +1,17 @@
-//! State time-to-live of the unwindowed join, against a naive model with
+//! State time-to-live of the unwindowed join and of upsert tables, against
+//! naive models with expiry. The join: a naive model with
 //! expiry: random out-of-order records of both sides (insertions, and
 //! retractions of some of them), a checkpoint at a random cut and a recovery
 //! onto another number of workers, both expiry modes. The model: records
 //! that arrive behind the watermark are late and join nothing; every other
 //! left and right record of a key whose event times are at most the
 //! time-to-live apart make a pair at the later time, retracted (when expiry
-//! retracts) at the time the earlier one expires.
+//! retracts) at the time the earlier one expires. The table: each key's
+//! value at every event time (the latest upsert at or before it, unless
+//! older than the TTL) with retractions; silently, each value retracted
+//! only by an upsert that comes within its TTL.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use highwater_operators::checkpoint::memory::{check_recovery, Input, Output};
 use highwater_operators::prelude::*;
@@ -134,4 +138,133 @@ fn expired_records_leave_the_checkpoint() {
     let pairs = by_event_time(&run.expected).len();
     let model = model(&input, StateTtl::event_time(TTL)).len();
     assert_eq!(pairs, model);
+}
+
+/// An upsert: `(key, value or delete)`.
+type Up = (u8, Option<u8>);
+/// A change of the table: `(key, value)` with its event time.
+type Row = ((u8, u8), u64);
+
+/// Random upserts and deletes of three keys, at most one per key and event
+/// time, arriving out of order (those behind the watermark are late), some
+/// undone a little later.
+fn upserts() -> impl Strategy<Value = Vec<Input<Up>>> {
+    prop::collection::vec(
+        (0u8..3, prop::option::weighted(0.8, 0u8..4), 0u64..2000, 0u64..600, prop::bool::weighted(0.15)),
+        1..80,
+    )
+    .prop_map(|raw| {
+        let mut seen = BTreeSet::new();
+        let mut out = Vec::new();
+        for (key, value, arrival, skew, undo) in raw {
+            let time = (arrival + skew).saturating_sub(300);
+            if !seen.insert((key, time)) {
+                continue;
+            }
+            out.push(((key, value), time, 1, arrival));
+            if undo {
+                out.push(((key, value), time, -1, arrival + 30));
+            }
+        }
+        out.sort_by_key(|u| u.3);
+        out
+    })
+}
+
+/// The table's changelog under `ttl`, consolidated, by event time.
+fn table_model(input: &[Input<Up>], ttl: StateTtl) -> BTreeMap<Row, i64> {
+    let mut held: BTreeMap<(u8, u64), (Option<u8>, i64)> = BTreeMap::new();
+    for ((key, value), time, diff, arrival) in input {
+        if time >= arrival {
+            held.entry((*key, *time)).or_insert((*value, 0)).1 += diff;
+        }
+    }
+    let mut out: BTreeMap<Row, i64> = BTreeMap::new();
+    for key in 0..3u8 {
+        let versions: Vec<(u64, Option<u8>)> =
+            held.iter().filter(|((k, _), (_, n))| *k == key && *n > 0).map(|((_, t), (v, _))| (*t, *v)).collect();
+        if ttl.retracts() {
+            // The value at every event time, and its changes.
+            let value_at = |at: u64| {
+                let (t, v) = versions.iter().rev().find(|(t, _)| *t <= at)?;
+                v.filter(|_| at <= t + ttl.millis())
+            };
+            let last = versions.last().map_or(0, |(t, _)| t + ttl.millis() + 2);
+            let mut before = None;
+            for at in 0..=last {
+                let now = value_at(at);
+                if now != before {
+                    if let Some(v) = before {
+                        *out.entry(((key, v), at)).or_default() -= 1;
+                    }
+                    if let Some(v) = now {
+                        *out.entry(((key, v), at)).or_default() += 1;
+                    }
+                }
+                before = now;
+            }
+        } else {
+            // Each value from its time on, retracted only by an upsert
+            // within its TTL.
+            for (i, (t, v)) in versions.iter().enumerate() {
+                let Some(v) = v else { continue };
+                *out.entry(((key, *v), *t)).or_default() += 1;
+                if let Some((next, _)) = versions.get(i + 1).filter(|(n, _)| *n <= t + ttl.millis()) {
+                    *out.entry(((key, *v), *next)).or_default() -= 1;
+                }
+            }
+        }
+    }
+    out.retain(|_, d| *d != 0);
+    out
+}
+
+fn by_time(output: &Output<Row>) -> BTreeMap<Row, i64> {
+    let mut out = BTreeMap::new();
+    for ((row, _), diff) in output {
+        *out.entry(*row).or_default() += diff;
+    }
+    out.retain(|_, d| *d != 0);
+    out
+}
+
+fn table(expiry: Expiry) -> impl for<'s> Fn(&EventStream<'s, Up>) -> EventStream<'s, Row> + Send + Sync + 'static {
+    move |upserts| {
+        let ttl = StateTtl::event_time(TTL).expiry(expiry);
+        let changelog = upserts.state_ttl(ttl).upsert().table.changelog();
+        EventStream::new(changelog.inner.map(|(row, time, diff)| ((row, time), time, diff)))
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn tables_expiring_silently_keep_what_they_said(input in upserts(), cut in 1u64..2200, (before, after) in workers()) {
+        let ttl = StateTtl::event_time(TTL);
+        let run = check_recovery(&input, cut, before, after, table(Expiry::Silent));
+        prop_assert!(run.failures.is_empty(), "{:?}", run.failures);
+        prop_assert_eq!(by_time(&run.expected), table_model(&input, ttl));
+        prop_assert_eq!(by_time(&run.recovered), table_model(&input, ttl));
+    }
+
+    #[test]
+    fn tables_expiring_with_retractions_hold_only_live_values(input in upserts(), cut in 1u64..2200, (before, after) in workers()) {
+        let ttl = StateTtl::event_time(TTL).expiry(Expiry::Retract);
+        let run = check_recovery(&input, cut, before, after, table(Expiry::Retract));
+        prop_assert!(run.failures.is_empty(), "{:?}", run.failures);
+        prop_assert_eq!(by_time(&run.expected), table_model(&input, ttl));
+        prop_assert_eq!(by_time(&run.recovered), table_model(&input, ttl));
+    }
+}
+
+/// Keys whose last value expired leave the table's state.
+#[test]
+fn expired_keys_leave_the_checkpoint() {
+    // 200 keys set once each, 10 ms apart, in order.
+    let input: Vec<Input<Up>> = (0..200u64).map(|i| (((i % 250) as u8, Some(1)), i * 10, 1, i * 10)).collect();
+    let run = check_recovery(&input, 1_900, 1, 1, table(Expiry::Silent));
+    let held = run.checkpoint.entries_of("Upsert");
+    // Those set within the TTL before the cut (and its watermark) remain.
+    assert!(held > 0 && held <= 14, "expired keys are forgotten: {held} held");
 }

@@ -62,7 +62,9 @@ use smallvec::SmallVec;
 
 use crate::key::{route, Data, Key};
 use crate::late::{Counter, LateOutput};
-use crate::state::{give_all, AnyKeyedState, KeyedState, OperatorState, Schema, Snapshot, Stateful, Timers};
+use crate::state::{
+    give_all, AnyKeyedState, KeyedState, OperatorState, Schema, Snapshot, StateTtl, Stateful, Timers, WithTtl,
+};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
 
@@ -89,6 +91,9 @@ pub struct Upserted<'scope, K: 'static, V: 'static> {
     pub table: Table<'scope, K, V>,
     /// Upserts that came later than the allowed lateness.
     pub late: LateOutput<'scope, (K, Option<V>)>,
+    /// Keys forgotten because their last value expired (with a
+    /// [state TTL](crate::state::StateTtl); zero without).
+    pub expired: Counter,
 }
 
 /// The values of one key from each of its upserts' times on, in time order,
@@ -108,6 +113,43 @@ impl<V> History<V> {
             [(t, None), ..] => Some(*t),
             [_, (t, _), ..] => Some(*t),
             [_] => None,
+        }
+    }
+
+    /// The changelog this history stands for, with a time-to-live: each
+    /// value from its version's time until the next version, or until it
+    /// expires (`ttl`'s expiry time) if that comes first: then retracted
+    /// there with [`Expiry::Retract`](crate::state::Expiry::Retract), never
+    /// with [`Expiry::Silent`](crate::state::Expiry::Silent) (downstream
+    /// keeps what it was told, and the next version does not retract it).
+    fn changelog(&self, ttl: StateTtl) -> Vec<(V, Timestamp, Diff)>
+    where
+        V: Clone,
+    {
+        let mut out = Vec::with_capacity(2 * self.versions.len());
+        for (i, (t, v)) in self.versions.iter().enumerate() {
+            let Some(v) = v else { continue };
+            let expires = ttl.expires_at(*t);
+            let end = match self.versions.get(i + 1).map(|(n, _)| *n) {
+                Some(next) if next < expires => Some(next),
+                _ if ttl.retracts() => Some(expires),
+                _ => None,
+            };
+            out.push((v.clone(), *t, 1));
+            if let Some(end) = end {
+                out.push((v.clone(), end, -1));
+            }
+        }
+        out
+    }
+
+    /// With a time-to-live: the time from which the whole history can be
+    /// forgotten (its last version has expired for every record that can
+    /// still arrive), if its last version is a value.
+    fn expires_from(&self, ttl: StateTtl) -> Option<Timestamp> {
+        match self.versions.last() {
+            Some((t, Some(_))) => Some(ttl.expires_at(*t)),
+            _ => None,
         }
     }
 
@@ -162,19 +204,26 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
     /// ]);
     /// ```
     pub fn upsert(&self) -> Upserted<'scope, K, V> {
-        self.upsert_with(AllowedLateness::ZERO)
+        self.upsert_with(AllowedLateness::ZERO, None)
     }
 
-    fn upsert_with(&self, lateness: AllowedLateness) -> Upserted<'scope, K, V> {
+    fn upsert_with(&self, lateness: AllowedLateness, ttl: Option<StateTtl>) -> Upserted<'scope, K, V> {
         let stateful = Stateful::<Upserts<K, V>>::new("Upsert", &self.scope());
         let gated = stateful.keyed_input(self, |u: &Update<(K, Option<V>)>| route(&(u.0).0));
         let mut builder = stateful.builder(&self.scope());
         let mut input = builder.input(gated);
         let (mut log_out, log) = builder.output::<(K, V)>();
         let (mut late_out, late) = builder.output::<(K, Option<V>)>();
-        let count = Counter::new();
-        let mut op =
-            UpsertOp { lateness, counter: count.clone(), due: Timers::default(), log: Vec::new(), late: Vec::new() };
+        let (count, expired) = (Counter::new(), Counter::new());
+        let mut op = UpsertOp {
+            lateness,
+            ttl,
+            counter: count.clone(),
+            expired: expired.clone(),
+            due: Timers::default(),
+            log: Vec::new(),
+            late: Vec::new(),
+        };
 
         builder.build(move |_caps, mut managed| {
             // Recovery: each key's history, and its compaction schedule. The
@@ -210,7 +259,7 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
                 managed.checkpoint(watermark, ());
             }
         });
-        Upserted { table: Table { changelog: log }, late: LateOutput { stream: late, count } }
+        Upserted { table: Table { changelog: log }, late: LateOutput { stream: late, count }, expired }
     }
 }
 
@@ -218,7 +267,45 @@ impl<'scope, K: Key, V: Data + PartialEq> crate::late::WithLateness<'scope, (K, 
     /// Builds a table from upserts that arrive up to the allowed lateness
     /// after the watermark passed them; see [`EventStream::upsert`].
     pub fn upsert(&self) -> Upserted<'scope, K, V> {
-        self.stream.upsert_with(self.lateness)
+        self.stream.upsert_with(self.lateness, None)
+    }
+}
+
+impl<'scope, K: Key, V: Data + PartialEq> WithTtl<'scope, (K, Option<V>)> {
+    /// [`EventStream::upsert`] whose keys expire: a key's value set at event
+    /// time `t` holds until its next upsert or until `t + ttl`, whichever
+    /// comes first; a key whose last value has expired for every upsert that
+    /// can still arrive is forgotten. With
+    /// [`Expiry::Retract`](crate::state::Expiry::Retract) the changelog
+    /// retracts an expired value at its expiry time (so the table holds
+    /// only live values, on any layout); with
+    /// [`Expiry::Silent`](crate::state::Expiry::Silent) it does not, and an
+    /// upsert after the expiry does not retract it either (downstream keeps
+    /// what it was told, as with Flink's state TTL).
+    ///
+    /// # Examples
+    /// ```
+    /// use highwater_operators::prelude::*;
+    /// use highwater_operators::state::{Expiry, StateTtl};
+    /// use timely::dataflow::operators::ToStream;
+    /// use timely::dataflow::operators::capture::{Capture, Extract};
+    ///
+    /// let captured = timely::example(|scope| {
+    ///     // Key 7 is set at 0 s and 5 s, key 8 at 1 s; values live 10 s.
+    ///     let upserts = vec![((7u32, Some('a')), 0u64, 1i64), ((7, Some('b')), 5_000, 1), ((8, Some('x')), 1_000, 1)];
+    ///     let ttl = StateTtl::event_time(10.secs()).expiry(Expiry::Retract);
+    ///     EventStream::new(upserts.to_stream(scope)).state_ttl(ttl).upsert().table.changelog().inner.capture()
+    /// });
+    /// let mut net = std::collections::BTreeMap::new();
+    /// for (kv, t, d) in captured.extract().into_iter().flat_map(|(_, d)| d) { *net.entry((t, kv)).or_insert(0) += d; }
+    /// net.retain(|_, d| *d != 0);
+    /// assert_eq!(net.into_iter().collect::<Vec<_>>(), vec![
+    ///     ((0, (7, 'a')), 1), ((1_000, (8, 'x')), 1), ((5_000, (7, 'a')), -1), ((5_000, (7, 'b')), 1),
+    ///     ((11_001, (8, 'x')), -1), ((15_001, (7, 'b')), -1),
+    /// ]);
+    /// ```
+    pub fn upsert(&self) -> Upserted<'scope, K, V> {
+        self.stream.upsert_with(AllowedLateness::ZERO, Some(self.ttl))
     }
 }
 
@@ -257,7 +344,11 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
 /// reach any more ([`compact`](Self::compact)).
 struct UpsertOp<K, V> {
     lateness: AllowedLateness,
+    /// Values expire ([`WithTtl::upsert`]).
+    ttl: Option<StateTtl>,
     counter: Counter,
+    /// Keys forgotten because their last value expired.
+    expired: Counter,
     /// Keys by the time a compaction of their history is scheduled for.
     due: Timers<K>,
     /// The changelog and the late upserts of the stamp being taken in.
@@ -295,6 +386,9 @@ impl<K: Key, V: Data + PartialEq> UpsertOp<K, V> {
                 None => return,
             }
         };
+        // With a TTL, the changelog is the difference between what the
+        // history stands for before and after the upsert.
+        let before = self.ttl.map(|ttl| history.changelog(ttl));
         let versions = &mut history.versions;
         let at = versions.partition_point(|(t, _)| *t <= time);
         let exact = at > 0 && versions[at - 1].0 == time;
@@ -316,7 +410,12 @@ impl<K: Key, V: Data + PartialEq> UpsertOp<K, V> {
         } else {
             return;
         };
-        if old != new {
+        if let (Some(before), Some(ttl)) = (before, self.ttl) {
+            let mut changes: Vec<(V, Timestamp, Diff)> = history.changelog(ttl);
+            changes.extend(before.into_iter().map(|(v, t, d)| (v, t, -d)));
+            consolidate_changes(&mut changes);
+            self.log.extend(changes.into_iter().map(|(v, t, d)| ((k.clone(), v), t, d)));
+        } else if old != new {
             let log = &mut self.log;
             let mut change = |value: Option<V>, t: Timestamp, d: Diff| {
                 if let Some(value) = value {
@@ -330,14 +429,20 @@ impl<K: Key, V: Data + PartialEq> UpsertOp<K, V> {
                 change(old, next, 1);
             }
         }
+        let expires = self.ttl.and_then(|ttl| history.expires_from(ttl)).map(|e| self.lateness.release_at(e));
         match history.compact_from() {
             Some(from) => {
-                self.due.bring_forward(&mut history.scheduled, self.lateness.release_at(from.saturating_add(1)), &k);
+                let at = self.lateness.release_at(from.saturating_add(1)).min(expires.unwrap_or(Timestamp::MAX));
+                self.due.bring_forward(&mut history.scheduled, at, &k);
             }
             None if history.versions.is_empty() => {
                 tables.remove(&k);
             }
-            _ => {}
+            None => {
+                if let Some(at) = expires.filter(|at| *at < END_OF_TIME) {
+                    self.due.bring_forward(&mut history.scheduled, at, &k);
+                }
+            }
         }
     }
 
@@ -358,10 +463,24 @@ impl<K: Key, V: Data + PartialEq> UpsertOp<K, V> {
                     continue;
                 }
                 history.scheduled = Timestamp::MAX;
+                // With a TTL: a key whose last value has expired for every
+                // record that can still arrive is forgotten (what it stands
+                // for no longer changes; its retraction, if any, went out
+                // with the upsert that set it).
+                let expires = self.ttl.and_then(|ttl| history.expires_from(ttl));
+                if expires.is_some_and(|e| e <= horizon.saturating_add(1)) {
+                    tables.remove(&k);
+                    self.expired.add(1);
+                    continue;
+                }
                 if history.compact(horizon) {
                     tables.remove(&k);
-                } else if let Some(from) = history.compact_from() {
-                    history.scheduled = self.lateness.release_at(from.saturating_add(1)).max(time.saturating_add(1));
+                    continue;
+                }
+                let expires = expires.map(|e| self.lateness.release_at(e));
+                let from = history.compact_from().map(|from| self.lateness.release_at(from.saturating_add(1)));
+                if let Some(next) = [from, expires].into_iter().flatten().min().filter(|t| *t < END_OF_TIME) {
+                    history.scheduled = next.max(time.saturating_add(1));
                     self.due.schedule(history.scheduled, k);
                 }
             }
@@ -397,4 +516,17 @@ impl<K: Key, V: Data> OperatorState for Upserts<K, V> {
         out.reserve(self.0.len());
         self.0.for_each(|k, h| out.push(route(k), &(k, h)));
     }
+}
+
+/// Sums equal `(value, time)` changes and drops those that cancel.
+fn consolidate_changes<V: PartialEq>(changes: &mut Vec<(V, Timestamp, Diff)>) {
+    let mut out: Vec<(V, Timestamp, Diff)> = Vec::with_capacity(changes.len());
+    for (v, t, d) in changes.drain(..) {
+        match out.iter_mut().find(|(ov, ot, _)| *ot == t && *ov == v) {
+            Some(existing) => existing.2 += d,
+            None => out.push((v, t, d)),
+        }
+    }
+    out.retain(|(_, _, d)| *d != 0);
+    *changes = out;
 }

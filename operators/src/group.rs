@@ -9,22 +9,36 @@ use timely::dataflow::operators::generic::Operator;
 use crate::aggregate::Aggregate;
 use crate::hold::Hold;
 use crate::key::{route, Data, Key, StateMap};
+use crate::late::Counter;
 use crate::partial::{self, Combining, Slot};
-use crate::state::{AnyKeyedState, KeyedState, OperatorState, Schema, Snapshot, Stateful};
+use crate::state::{
+    AnyKeyedState, KeyedState, OperatorState, Schema, Snapshot, StateError, StateTtl, Stateful, Timers, WithTtl,
+};
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, Diff, Timestamp};
 
-/// Per key: the accumulator, and whether it changed at the time being applied.
+/// Per key: the accumulator, whether it changed at the time being applied,
+/// and the last time it changed (a [state TTL](StateTtl) expires the key
+/// from there; [`FRESH`] for a key created by the time being applied).
 ///
 /// The result last emitted is not kept: it is recomputed from the accumulator
 /// before the key's first change at a time, which halves the state of keys
 /// with large results.
-type Entry<Acc> = (Acc, bool);
+type Entry<Acc> = (Acc, bool, Timestamp);
 
-/// A key's checkpoint entry: its accumulator (if it has a result), and its
+/// The last-changed time of a key that had no result before the time being
+/// applied; in a checkpoint entry migrated from schema version 1, a time
+/// not known (the recovery takes the checkpoint's cut).
+const FRESH: Timestamp = Timestamp::MAX;
+
+/// A key's checkpoint entry: its accumulator (if it has a result), its
 /// input still waiting for the watermark as `(timely time, input, diff)`:
-/// records, or in two phases `(key, partial result)`.
-type KeyEntry<K, Acc, D> = (K, Option<Acc>, Vec<(Timestamp, D, Diff)>);
+/// records, or in two phases `(key, partial result)`, and the time its
+/// result last changed.
+type KeyEntry<K, Acc, D> = (K, Option<Acc>, Vec<(Timestamp, D, Diff)>, Timestamp);
+
+/// A checkpoint entry of schema version 1: without the last-changed time.
+type KeyEntryV1<K, Acc, D> = (K, Option<Acc>, Vec<(Timestamp, D, Diff)>);
 
 /// The operator's state: the table of accumulators, and the input `D`
 /// (records, or partial results) waiting for the watermark, by timely time.
@@ -48,9 +62,18 @@ where
     /// One schema for records and partial results as input: a snapshot is
     /// taken with nothing waiting (its input is gated at the cut), so the
     /// entries of both read the same.
-    const SCHEMA: Schema = Schema::new("aggregate_by_key", 1);
+    const SCHEMA: Schema = Schema::new("aggregate_by_key", 2);
+    /// Version 1 had no last-changed time: a recovery takes the cut's.
+    const MIGRATES_FROM: &'static [u32] = &[1];
     type Entry = KeyEntry<K, Acc, D>;
     type Prepared = ();
+
+    fn migrate(version: u32, bytes: &[u8]) -> Result<Self::Entry, StateError> {
+        debug_assert_eq!(version, 1);
+        let (k, acc, waiting): KeyEntryV1<K, Acc, D> = crate::checkpoint::decode(bytes)
+            .map_err(|e| StateError::Decode { schema: Schema::new("aggregate_by_key", 1), reason: e.to_string() })?;
+        Ok((k, acc, waiting, FRESH))
+    }
 
     fn keyed_states(&mut self, each: &mut dyn FnMut(&mut dyn AnyKeyedState)) {
         each(&mut self.table);
@@ -75,13 +98,13 @@ where
             }
         }
         out.reserve(self.table.len() + waiting.len());
-        self.table.for_each(|k, (acc, changed)| {
+        self.table.for_each(|k, (acc, changed, updated)| {
             debug_assert!(!changed, "a key is marked changed only while its time is applied");
             let held = waiting.remove(k).unwrap_or_default();
-            out.push(route(k), &(k, Some(acc), held));
+            out.push(route(k), &(k, Some(acc), held, updated));
         });
         for (k, held) in waiting {
-            out.push(route(k), &(k, None::<&Acc>, held));
+            out.push(route(k), &(k, None::<&Acc>, held, FRESH));
         }
     }
 }
@@ -142,10 +165,31 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         KF: Fn(&D) -> K + 'static,
         A: Aggregate<D>,
     {
+        self.aggregate_by_key_with(name, key, agg, None, Counter::new())
+    }
+
+    /// [`aggregate_by_key_named`](Self::aggregate_by_key_named), its keys
+    /// expiring with `ttl` (counted in `expired`).
+    fn aggregate_by_key_with<K, KF, A>(
+        &self,
+        name: &str,
+        key: KF,
+        agg: A,
+        ttl: Option<StateTtl>,
+        expired: Counter,
+    ) -> EventStream<'scope, (K, A::Output)>
+    where
+        K: Key,
+        KF: Fn(&D) -> K + 'static,
+        A: Aggregate<D>,
+    {
         let agg = Rc::new(agg);
-        if !agg.two_phase() {
+        let expiring = Expiring { ttl, expired };
+        // With a TTL records are applied at their event times, one by one:
+        // partial results per stamp would mix times.
+        if !agg.two_phase() || ttl.is_some() {
             let apply = Rc::clone(&agg);
-            return group(self, name, key, agg, move |acc: &mut A::Acc, d: D, r| apply.update(acc, &d, r));
+            return group(self, name, key, agg, expiring, move |acc: &mut A::Acc, d: D, r| apply.update(acc, &d, r));
         }
         let key = Rc::new(key);
         let partials = combine_by_key(self, name, Rc::clone(&key), Rc::clone(&agg));
@@ -154,11 +198,102 @@ impl<'scope, D: Data> EventStream<'scope, D> {
             Phase::Raw(d) => key(d),
             Phase::Partial(k, _) => k.clone(),
         };
-        group(&partials, name, owner, agg, move |acc: &mut A::Acc, p, r| match p {
+        group(&partials, name, owner, agg, expiring, move |acc: &mut A::Acc, p, r| match p {
             Phase::Raw(d) => apply.update(acc, &d, r),
             Phase::Partial(_, partial) => apply.merge(acc, *partial),
         })
     }
+}
+
+/// The result of [`WithTtl::aggregate_by_key`]: the changelog of the
+/// aggregate per key, and how many keys expired.
+#[derive(Debug)]
+pub struct TtlAggregated<'scope, K: 'static, O: 'static> {
+    /// The changelog of the aggregate per live key.
+    pub results: EventStream<'scope, (K, O)>,
+    /// Keys forgotten because their time-to-live passed.
+    pub expired: Counter,
+}
+
+impl<'scope, D: Data> WithTtl<'scope, D> {
+    /// [`EventStream::aggregate_by_key`] whose keys expire, in event time:
+    /// records are applied in the order of their event times (each once the
+    /// watermark passes it; a late one at its arrival), a key whose latest
+    /// record is at event time `u` is forgotten once the watermark passes
+    /// `u + ttl`, and a record after that starts it afresh (from the
+    /// aggregate's initial accumulator). What expires, and so every result,
+    /// is the same on any layout and after recovery. The changelog is at
+    /// the records' event times. With
+    /// [`Expiry::Retract`](crate::state::Expiry::Retract) the key's result is
+    /// retracted at its expiry time (`u + ttl + 1`), so that the changelog
+    /// holds only live keys, on any layout; with
+    /// [`Expiry::Silent`](crate::state::Expiry::Silent) it is not, and the
+    /// next result of the key does not retract it either (downstream keeps
+    /// what it was told, as with Flink's state TTL on a `GROUP BY`).
+    ///
+    /// Distinct counts, top-k and every other [`Aggregate`] expire the same
+    /// way: what expires is the key's whole accumulator.
+    ///
+    /// # Examples
+    /// ```
+    /// use highwater_operators::prelude::*;
+    /// use highwater_operators::state::{Expiry, StateTtl};
+    /// use highwater_operators::Update;
+    /// use timely::dataflow::operators::capture::{Capture, Extract};
+    /// use timely::dataflow::operators::Input;
+    ///
+    /// let captured = timely::execute_directly(|worker| {
+    ///     let (mut clicks, captured) = worker.dataflow(|scope| {
+    ///         let (input, clicks) = scope.new_input::<Vec<Update<char>>>();
+    ///         let ttl = StateTtl::event_time(10.secs()).expiry(Expiry::Retract);
+    ///         let counts = EventStream::new(clicks).state_ttl(ttl).aggregate_by_key(|c: &char| *c, Count);
+    ///         (input, counts.results.inner.capture())
+    ///     });
+    ///     // Clicks of 'x' at 0 s and 4 s, then at 20 s; of 'y' at 1 s, each
+    ///     // at the watermark of its event time.
+    ///     for (c, t) in [('x', 0u64), ('y', 1_000), ('x', 4_000), ('x', 20_000)] {
+    ///         clicks.advance_to(t);
+    ///         clicks.send((c, t, 1));
+    ///     }
+    ///     captured
+    /// });
+    /// let mut changes: Vec<_> = captured.extract().into_iter().flat_map(|(_, d)| d).collect();
+    /// changes.sort_by_key(|(kv, t, d)| (*t, *d, *kv));
+    /// assert_eq!(changes, vec![
+    ///     (('x', 1), 0, 1), (('y', 1), 1_000, 1), (('x', 1), 4_000, -1), (('x', 2), 4_000, 1),
+    ///     // 'y' expires at 11.001 s, 'x' (last changed at 4 s) at 14.001 s.
+    ///     (('y', 1), 11_001, -1), (('x', 2), 14_001, -1), (('x', 1), 20_000, 1),
+    ///     // At the end of the input everything expires.
+    ///     (('x', 1), 30_001, -1),
+    /// ]);
+    /// ```
+    pub fn aggregate_by_key<K, KF, A>(&self, key: KF, aggregate: A) -> TtlAggregated<'scope, K, A::Output>
+    where
+        K: Key,
+        KF: Fn(&D) -> K + 'static,
+        A: Aggregate<D>,
+    {
+        self.aggregate_by_key_named("AggregateByKey", key, aggregate)
+    }
+
+    /// [`aggregate_by_key`](Self::aggregate_by_key) with an operator name.
+    pub fn aggregate_by_key_named<K, KF, A>(&self, name: &str, key: KF, agg: A) -> TtlAggregated<'scope, K, A::Output>
+    where
+        K: Key,
+        KF: Fn(&D) -> K + 'static,
+        A: Aggregate<D>,
+    {
+        let expired = Counter::new();
+        let results = self.stream.aggregate_by_key_with(name, key, agg, Some(self.ttl), expired.clone());
+        TtlAggregated { results, expired }
+    }
+}
+
+/// A grouping operator's time-to-live, if it has one, and its count of
+/// expired keys.
+struct Expiring {
+    ttl: Option<StateTtl>,
+    expired: Counter,
 }
 
 /// What the first phase of `aggregate_by_key` sends to a key's owner.
@@ -231,6 +366,7 @@ fn group<'scope, D, I, K, KI, A, F>(
     name: &str,
     key: KI,
     agg: Rc<A>,
+    Expiring { ttl, expired }: Expiring,
     apply: F,
 ) -> EventStream<'scope, (K, A::Output)>
 where
@@ -249,11 +385,16 @@ where
     let (mut output, results) = builder.output::<(K, A::Output)>();
     builder.build(move |initial_capabilities, mut managed| {
         let mut hold = Hold::default();
+        // With a TTL: every key with a result has a timer at or before its
+        // expiry (one, or a few after it was forgotten and set again; a
+        // timer due before the expiry moves to it), and, retracting, a
+        // promise of output at its expiry.
+        let mut due: Timers<K> = Timers::default();
         // Recovery: each key's accumulator, and its input still waiting
         // for the watermark (which owes output at its time).
-        managed.restore(|GroupState { table, pending }, _time, entries| {
+        managed.restore(|GroupState { table, pending }, cut, entries| {
             table.reserve(entries.len());
-            entries.for_each(|(k, acc, waiting)| {
+            entries.for_each(|(k, acc, waiting, updated)| {
                 for (time, d, r) in waiting {
                     pending
                         .entry(time)
@@ -264,13 +405,22 @@ where
                         .push((k.clone(), d, r));
                 }
                 if let Some(acc) = acc {
-                    table.insert(k, (acc, false));
+                    let updated = if updated == FRESH { cut } else { updated };
+                    if let Some(ttl) = ttl {
+                        let at = ttl.expires_at(updated);
+                        due.schedule(at, k.clone());
+                        if ttl.retracts() {
+                            hold.restore(at, &initial_capabilities);
+                        }
+                    }
+                    table.insert(k, (acc, false, updated));
                 }
             });
         });
         drop(initial_capabilities);
         // Keys changed at the time being applied, with their result before it.
         let mut dirty: Vec<(K, Option<A::Output>)> = Vec::new();
+        let mut retractions: Vec<Update<(K, A::Output)>> = Vec::new();
         move |frontiers| {
             if !managed.home() {
                 return;
@@ -279,6 +429,22 @@ where
             let mut output = output.activate();
             input.for_each_stamp(|cap, data| {
                 let arrived = arrival_time(&cap);
+                if ttl.is_some() {
+                    // In event time: a record waits for the watermark to pass
+                    // its own time (a late one, its arrival's), so that every
+                    // key sees its records in event-time order on any layout.
+                    for updates in data {
+                        for (d, t, r) in updates.drain(..) {
+                            let time = t.max(arrived);
+                            let batch = pending.entry(time).or_insert_with(|| {
+                                hold.insert(time, &cap);
+                                Vec::new()
+                            });
+                            batch.push((key(&d), d, r));
+                        }
+                    }
+                    return;
+                }
                 let batch = pending.entry(arrived).or_insert_with(|| {
                     hold.insert(arrived, &cap);
                     Vec::new()
@@ -288,15 +454,52 @@ where
                 }
             });
             let watermark = watermark_of(&frontiers[0]);
-            while let Some(entry) = pending.first_entry() {
-                if *entry.key() >= watermark {
-                    break;
+            // The times below the watermark in order, the expiries at a time
+            // before the records at it (a record at a key's expiry time
+            // finds it gone).
+            loop {
+                let applying = pending.first_key_value().map(|(t, _)| *t).filter(|t| *t < watermark);
+                let expiring = due.next().filter(|t| *t < watermark && applying.is_none_or(|a| *t <= a));
+                if let (Some(time), Some(ttl)) = (expiring, ttl) {
+                    let Some((_, mut keys)) = due.pop_due(time) else { break };
+                    keys.sort();
+                    keys.dedup();
+                    table.prefetch(keys.iter());
+                    let mut promised = 0;
+                    for k in keys {
+                        let Some((acc, _, updated)) = table.get(&k) else { continue };
+                        let at = ttl.expires_at(*updated);
+                        if at > time {
+                            // Changed since the timer was set.
+                            due.schedule(at, k);
+                            continue;
+                        }
+                        if ttl.retracts() {
+                            if let Some(old) = agg.output(acc) {
+                                retractions.push(((k.clone(), old), time, -1));
+                            }
+                            promised += 1;
+                        }
+                        table.remove(&k);
+                        expired.add(1);
+                    }
+                    if !retractions.is_empty() {
+                        // Under the promise at `time`, held until now.
+                        output.session(&hold.at(time)).give_container(&mut retractions);
+                        retractions.clear();
+                    }
+                    // Each key that expired promised output at its expiry.
+                    for _ in 0..promised {
+                        hold.remove(time);
+                    }
+                    continue;
                 }
-                let (time, updates) = entry.remove_entry();
+                let Some(time) = applying else { break };
+                let Some((time, updates)) = pending.remove_entry(&time) else { break };
                 // One read of the batch's keys on a backend on disk.
                 table.prefetch(updates.iter().map(|(k, _, _)| k));
                 for (k, d, r) in updates {
-                    let (acc, changed) = table.get_or_insert_with(k.clone(), || (agg.init(), false));
+                    let (acc, changed, _) = table.get_or_insert_with(k.clone(), || (agg.init(), false, FRESH));
                     if !*changed {
                         *changed = true;
                         dirty.push((k, agg.output(acc)));
@@ -306,11 +509,25 @@ where
                 let cap = hold.at(time);
                 let mut session = output.session(&cap);
                 for (k, old) in dirty.drain(..) {
-                    let Some((acc, changed)) = table.get_mut(&k) else {
+                    let Some((acc, changed, updated)) = table.get_mut(&k) else {
                         continue;
                     };
                     *changed = false;
                     let new = agg.output(acc);
+                    let before = std::mem::replace(updated, time);
+                    if let Some(ttl) = ttl {
+                        if before == FRESH && new.is_some() {
+                            due.schedule(ttl.expires_at(time), k.clone());
+                        }
+                        if ttl.retracts() {
+                            if before != FRESH {
+                                hold.remove(ttl.expires_at(before));
+                            }
+                            if new.is_some() {
+                                hold.promise(ttl.expires_at(time));
+                            }
+                        }
+                    }
                     if new.is_none() {
                         table.remove(&k);
                     }
@@ -328,4 +545,22 @@ where
         }
     });
     results
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type State = GroupState<char, i64, (char, i64)>;
+
+    /// A version 1 entry (no last-changed time) reads as one changed at
+    /// the recovery's cut; a broken one is a decode error, not a panic.
+    #[test]
+    fn version_1_entries_migrate() {
+        let v1: KeyEntryV1<char, i64, (char, i64)> = ('x', Some(7), vec![(30, ('x', 2), 1)]);
+        let bytes = crate::checkpoint::encode(&v1).unwrap();
+        let entry = State::migrate(1, &bytes).unwrap();
+        assert_eq!(entry, ('x', Some(7), vec![(30, ('x', 2), 1)], FRESH));
+        assert!(matches!(State::migrate(1, &bytes[..2]), Err(StateError::Decode { .. })));
+    }
 }

@@ -44,6 +44,7 @@ pub mod time;
 pub mod window;
 
 pub use aggregate::Aggregate;
+pub use group::TtlAggregated;
 pub use late::{Counter, LateOutput, WithLateness};
 pub use stream::{EventStream, Update};
 pub use time::{AllowedLateness, Diff, DurationExt, IntoMillis, Timestamp, END_OF_TIME};
@@ -54,6 +55,7 @@ pub mod prelude {
         Aggregate, Avg, Collect, Count, Decimal, DistinctCount, Fold, Max, MaxBy, Min, Sum, TopK,
     };
     pub use crate::cep::{AfterMatchSkip, Match, Matches, Pattern, PatternExt};
+    pub use crate::group::TtlAggregated;
     pub use crate::join::{between, by_record, Interval, IntervalJoined, Side, TtlJoined, WindowJoined};
     pub use crate::late::{LateOutput, WithLateness};
     pub use crate::stream::EventStream;

@@ -9,7 +9,11 @@
 //! retracts) at the time the earlier one expires. The table: each key's
 //! value at every event time (the latest upsert at or before it, unless
 //! older than the TTL) with retractions; silently, each value retracted
-//! only by an upsert that comes within its TTL.
+//! only by an upsert that comes within its TTL. The aggregation by key:
+//! each key's count over its records, applied at their (timely) times, the
+//! key forgotten once the watermark passes its last change plus the TTL
+//! (its result retracted then, when expiry retracts) and started afresh by
+//! the next record.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -267,4 +271,127 @@ fn expired_keys_leave_the_checkpoint() {
     let held = run.checkpoint.entries_of("Upsert");
     // Those set within the TTL before the cut (and its watermark) remain.
     assert!(held > 0 && held <= 14, "expired keys are forgotten: {held} held");
+}
+
+/// A record to count: `(key, id)`.
+type Click = (u8, u16);
+
+/// Random records of three keys arriving in [0, 2000), their event times
+/// up to 300 after their arrival (or before: late), some retracted a little
+/// later.
+fn clicks() -> impl Strategy<Value = Vec<Input<Click>>> {
+    prop::collection::vec((0u8..3, 0u64..2000, 0u64..400, prop::bool::weighted(0.2)), 1..100).prop_map(|raw| {
+        let mut out = Vec::new();
+        for (id, (key, arrival, skew, retract)) in raw.into_iter().enumerate() {
+            let time = (arrival + skew).saturating_sub(100);
+            out.push(((key, id as u16), time, 1, arrival));
+            if retract {
+                out.push(((key, id as u16), time, -1, arrival + 40));
+            }
+        }
+        out.sort_by_key(|u| u.3);
+        out
+    })
+}
+
+/// The changelog of the count per key under `ttl`, by (timely) time: each
+/// record applied at its event time, or its arrival if that is later.
+fn count_model(input: &[Input<Click>], ttl: StateTtl) -> BTreeMap<((u8, u64), u64), i64> {
+    let mut out: BTreeMap<((u8, u64), u64), i64> = BTreeMap::new();
+    for key in 0..3u8 {
+        let mut batches: BTreeMap<u64, i64> = BTreeMap::new();
+        for ((k, _), time, diff, arrival) in input {
+            if *k == key {
+                *batches.entry(*time.max(arrival)).or_default() += diff;
+            }
+        }
+        // The key's count (positive: a key without a result is forgotten)
+        // and the time it last changed.
+        let mut held: Option<(i64, u64)> = None;
+        let mut change = |count: i64, at: u64, diff: i64| {
+            if count > 0 {
+                *out.entry(((key, count as u64), at)).or_default() += diff;
+            }
+        };
+        for (time, diff) in batches {
+            if let Some((count, changed)) = held {
+                let expires = ttl.expires_at(changed);
+                if expires <= time {
+                    if ttl.retracts() {
+                        change(count, expires, -1);
+                    }
+                    held = None;
+                }
+            }
+            let before = held.map_or(0, |(c, _)| c);
+            let after = before + diff;
+            change(before, time, -1);
+            change(after, time, 1);
+            held = (after > 0).then_some((after, time));
+        }
+        if let (Some((count, changed)), true) = (held, ttl.retracts()) {
+            change(count, ttl.expires_at(changed), -1);
+        }
+    }
+    out.retain(|_, d| *d != 0);
+    out
+}
+
+fn counted(
+    expiry: Expiry,
+) -> impl for<'s> Fn(&EventStream<'s, Click>) -> EventStream<'s, (u8, u64)> + Send + Sync + 'static {
+    move |clicks| {
+        let ttl = StateTtl::event_time(TTL).expiry(expiry);
+        clicks.state_ttl(ttl).aggregate_by_key(|c: &Click| c.0, Count).results
+    }
+}
+
+fn by_timely_time(output: &Output<(u8, u64)>) -> BTreeMap<((u8, u64), u64), i64> {
+    let mut out = output.clone();
+    out.retain(|_, d| *d != 0);
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn counts_expiring_silently_start_afresh(input in clicks(), cut in 1u64..2200, (before, after) in workers()) {
+        let ttl = StateTtl::event_time(TTL);
+        let run = check_recovery(&input, cut, before, after, counted(Expiry::Silent));
+        prop_assert!(run.failures.is_empty(), "{:?}", run.failures);
+        prop_assert_eq!(by_timely_time(&run.expected), count_model(&input, ttl));
+        prop_assert_eq!(by_timely_time(&run.recovered), count_model(&input, ttl));
+    }
+
+    #[test]
+    fn counts_expiring_with_retractions_hold_only_live_keys(input in clicks(), cut in 1u64..2200, (before, after) in workers()) {
+        let ttl = StateTtl::event_time(TTL).expiry(Expiry::Retract);
+        let run = check_recovery(&input, cut, before, after, counted(Expiry::Retract));
+        prop_assert!(run.failures.is_empty(), "{:?}", run.failures);
+        prop_assert_eq!(by_timely_time(&run.expected), count_model(&input, ttl));
+        prop_assert_eq!(by_timely_time(&run.recovered), count_model(&input, ttl));
+    }
+}
+
+/// Keys of a top-k whose records all expired leave the checkpoint: only
+/// those changed within the TTL before the cut remain.
+#[test]
+fn expired_top_k_keys_leave_the_checkpoint() {
+    // 200 keys with one record each, 10 ms apart, in order.
+    let input: Vec<Input<Click>> =
+        (0..200u16).map(|i| (((i % 250) as u8, i), u64::from(i) * 10, 1, u64::from(i) * 10)).collect();
+    let run = check_recovery(&input, 1_900, 1, 2, |clicks: &EventStream<'_, Click>| {
+        let ttl = StateTtl::event_time(TTL);
+        let top = clicks.state_ttl(ttl).aggregate_by_key_named(
+            "TopIds",
+            |c: &Click| c.0,
+            TopK::append_only(3, |c: &Click| c.1),
+        );
+        top.results.map(|(k, ids): (u8, Vec<u16>)| (k, ids.len() as u64))
+    });
+    let held = run.checkpoint.entries_of("TopIds");
+    // Changed within 120 ms before the cut at 1.9 s: at most 13 keys.
+    assert!(held > 0 && held <= 13, "expired keys are forgotten: {held} held");
+    assert_eq!(run.recovered, run.expected);
 }

@@ -32,9 +32,11 @@ pub(super) struct StateArgs {
     #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = parse_cache)]
     state_write_buffer: usize,
     /// A time-to-live, in event time, for the state no watermark releases
-    /// (the unwindowed join of q20): a record is seen by the other side up
-    /// to its event time plus the TTL and forgotten once the watermark
-    /// passes that (e.g. 10min). Without it such state is kept for ever.
+    /// (the unwindowed joins of q3 and q20, the aggregations by key of
+    /// q15-q19): a record is seen by the other side, a key by its next
+    /// record, up to the event time plus the TTL, and forgotten once the
+    /// watermark passes that (e.g. 10min). Without it such state is kept
+    /// for ever.
     #[arg(long, value_name = "DURATION")]
     state_ttl: Option<Millis>,
     /// What expiry does: `silent` (results stand, as Flink's state TTL) or

@@ -2,6 +2,7 @@
 
 use std::cmp::Reverse;
 
+use highwater_operators::key::Key;
 use highwater_operators::prelude::*;
 
 use super::format::{utc_hour_minute, Row};
@@ -92,11 +93,35 @@ macro_rules! with_counts {
     }};
 }
 
+/// `aggregate` of `bids` per key: for ever, or with the options' state
+/// time-to-live (then in event time; the expired keys are counted in the
+/// job's totals as `<query>.expired`).
+fn by_key<'scope, K, A>(
+    query: &str,
+    bids: &EventStream<'scope, Bid>,
+    name: &str,
+    key: impl Fn(&Bid) -> K + 'static,
+    aggregate: A,
+    options: &QueryOptions,
+) -> EventStream<'scope, (K, A::Output)>
+where
+    K: Key,
+    A: Aggregate<Bid>,
+{
+    let Some(ttl) = options.state_ttl else {
+        return bids.aggregate_by_key_named(name, key, aggregate);
+    };
+    let aggregated = bids.state_ttl(ttl).aggregate_by_key_named(name, key, aggregate);
+    if let Some(totals) = crate::totals::Totals::of(&bids.scope()) {
+        totals.count(&format!("{query}.expired"), &aggregated.expired);
+    }
+    aggregated.results
+}
+
 /// Per UTC day: bids, bidders and auctions by price rank.
 pub(super) fn q15<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
     let fmt = options.format();
-    let rows = bids(events)
-        .aggregate_by_key_named("DailyStats", |b: &Bid| day_of(b.date_time), counts())
+    let rows = by_key("q15", &bids(events), "DailyStats", |b: &Bid| day_of(b.date_time), counts(), options)
         .map(move |(day, c)| push_counts(fmt.row().day(day), c).done());
     QueryOutput { header: with_counts!("day"), rows, kind: QueryKind::Updating, late: Vec::new() }
 }
@@ -105,16 +130,18 @@ pub(super) fn q15<'scope>(events: &EventStream<'scope, Event>, options: &QueryOp
 pub(super) fn q16<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
     let fmt = options.format();
     let minute = |b: &Bid| b.date_time % DAY_MS / 60_000;
-    let rows = bids(events)
-        .aggregate_by_key_named(
-            "ChannelDailyStats",
-            |b: &Bid| (b.channel.clone(), day_of(b.date_time)),
-            (Max::append_only(minute), counts()),
-        )
-        .map(move |((channel, day), (minute, c))| {
-            let (h, m) = utc_hour_minute(minute * 60_000);
-            push_counts(fmt.row().str(&channel).day(day).str(&format!("{h:02}:{m:02}")), c).done()
-        });
+    let rows = by_key(
+        "q16",
+        &bids(events),
+        "ChannelDailyStats",
+        |b: &Bid| (b.channel.clone(), day_of(b.date_time)),
+        (Max::append_only(minute), counts()),
+        options,
+    )
+    .map(move |((channel, day), (minute, c))| {
+        let (h, m) = utc_hour_minute(minute * 60_000);
+        push_counts(fmt.row().str(&channel).day(day).str(&format!("{h:02}:{m:02}")), c).done()
+    });
     QueryOutput { header: with_counts!("channel", "day", "minute"), rows, kind: QueryKind::Updating, late: Vec::new() }
 }
 
@@ -122,23 +149,25 @@ pub(super) fn q16<'scope>(events: &EventStream<'scope, Event>, options: &QueryOp
 pub(super) fn q17<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
     let fmt = options.format();
     let price = |b: &Bid| b.price;
-    let rows = bids(events)
-        .aggregate_by_key_named(
-            "AuctionDailyStats",
-            |b: &Bid| (b.auction, day_of(b.date_time)),
+    let rows = by_key(
+        "q17",
+        &bids(events),
+        "AuctionDailyStats",
+        |b: &Bid| (b.auction, day_of(b.date_time)),
+        (
             (
-                (
-                    Count,
-                    Sum::of(|b: &Bid| i64::from(rank(b.price) == 1)),
-                    Sum::of(|b: &Bid| i64::from(rank(b.price) == 2)),
-                    Sum::of(|b: &Bid| i64::from(rank(b.price) == 3)),
-                ),
-                (Min::append_only(price), Max::append_only(price), Avg::of(price), Sum::of(price)),
+                Count,
+                Sum::of(|b: &Bid| i64::from(rank(b.price) == 1)),
+                Sum::of(|b: &Bid| i64::from(rank(b.price) == 2)),
+                Sum::of(|b: &Bid| i64::from(rank(b.price) == 3)),
             ),
-        )
-        .map(move |((auction, day), ((n, n1, n2, n3), (min, max, avg, sum)))| {
-            fmt.row().int(auction).day(day).int(n).int(n1).int(n2).int(n3).int(min).int(max).float(avg).int(sum).done()
-        });
+            (Min::append_only(price), Max::append_only(price), Avg::of(price), Sum::of(price)),
+        ),
+        options,
+    )
+    .map(move |((auction, day), ((n, n1, n2, n3), (min, max, avg, sum)))| {
+        fmt.row().int(auction).day(day).int(n).int(n1).int(n2).int(n3).int(min).int(max).float(avg).int(sum).done()
+    });
     QueryOutput {
         header: &[
             "auction",
@@ -161,28 +190,30 @@ pub(super) fn q17<'scope>(events: &EventStream<'scope, Event>, options: &QueryOp
 /// Per bidder and auction, the latest bid.
 pub(super) fn q18<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
     let fmt = options.format();
-    let rows = bids(events)
-        .aggregate_by_key_named(
-            "LatestBid",
-            |b: &Bid| (b.bidder, b.auction),
-            MaxBy::append_only(|b: &Bid| (b.date_time, b.price, b.extra.clone())),
-        )
-        .flat_map(move |(_, latest)| {
-            latest
-                .into_iter()
-                .map(move |b| {
-                    fmt.row()
-                        .int(b.auction)
-                        .int(b.bidder)
-                        .int(b.price)
-                        .str(&b.channel)
-                        .str(&b.url)
-                        .int(b.date_time)
-                        .str(&b.extra)
-                        .done()
-                })
-                .collect::<Vec<_>>()
-        });
+    let rows = by_key(
+        "q18",
+        &bids(events),
+        "LatestBid",
+        |b: &Bid| (b.bidder, b.auction),
+        MaxBy::append_only(|b: &Bid| (b.date_time, b.price, b.extra.clone())),
+        options,
+    )
+    .flat_map(move |(_, latest)| {
+        latest
+            .into_iter()
+            .map(move |b| {
+                fmt.row()
+                    .int(b.auction)
+                    .int(b.bidder)
+                    .int(b.price)
+                    .str(&b.channel)
+                    .str(&b.url)
+                    .int(b.date_time)
+                    .str(&b.extra)
+                    .done()
+            })
+            .collect::<Vec<_>>()
+    });
     QueryOutput {
         header: &["auction", "bidder", "price", "channel", "url", "dateTime", "extra"],
         rows,
@@ -194,22 +225,22 @@ pub(super) fn q18<'scope>(events: &EventStream<'scope, Event>, options: &QueryOp
 /// Per auction, its ten highest bids with their rank.
 pub(super) fn q19<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
     let fmt = options.format();
-    let rows = bids(events)
-        .aggregate_by_key_named(
-            "TopBids",
-            |b: &Bid| b.auction,
-            TopK::append_only(10, |b: &Bid| {
-                (b.price, Reverse(b.date_time), Reverse(b.bidder), Reverse(b.extra.clone()))
-            }),
-        )
-        .flat_map(move |(auction, top)| {
-            top.into_iter()
-                .enumerate()
-                .map(move |(i, (price, Reverse(time), Reverse(bidder), Reverse(extra)))| {
-                    fmt.row().int(auction).int(bidder).int(price).int(time).str(&extra).int(i + 1).done()
-                })
-                .collect::<Vec<_>>()
-        });
+    let rows = by_key(
+        "q19",
+        &bids(events),
+        "TopBids",
+        |b: &Bid| b.auction,
+        TopK::append_only(10, |b: &Bid| (b.price, Reverse(b.date_time), Reverse(b.bidder), Reverse(b.extra.clone()))),
+        options,
+    )
+    .flat_map(move |(auction, top)| {
+        top.into_iter()
+            .enumerate()
+            .map(move |(i, (price, Reverse(time), Reverse(bidder), Reverse(extra)))| {
+                fmt.row().int(auction).int(bidder).int(price).int(time).str(&extra).int(i + 1).done()
+            })
+            .collect::<Vec<_>>()
+    });
     QueryOutput {
         header: &["auction", "bidder", "price", "dateTime", "extra", "rank_number"],
         rows,

@@ -79,8 +79,9 @@ pub struct QueryOptions {
     /// Benchmarks: produce empty rows instead of CSV lines, as a blackhole
     /// sink that takes rows without serializing them would.
     pub blackhole: bool,
-    /// A time-to-live for the state no watermark releases (q20's join):
-    /// without it, that state is kept for ever.
+    /// A time-to-live for the state no watermark releases (the joins of q3
+    /// and q20, the aggregations by key of q15-q19): without it, that state
+    /// is kept for ever.
     pub state_ttl: Option<highwater_operators::state::StateTtl>,
 }
 

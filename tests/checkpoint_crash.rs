@@ -484,7 +484,10 @@ fn incremental_checkpoints_put_what_changed_not_the_whole_state() {
     assert!(checkpoints.len() >= 5, "too few checkpoints to measure: {checkpoints:?}");
     let (_, first_total, first_written) = checkpoints[0];
     assert_eq!(first_total, first_written, "the first checkpoint puts everything");
-    assert!(checkpoints.windows(2).all(|w| w[1].1 >= w[0].1), "the state grows: {checkpoints:?}");
+    // The state grows; a compaction may shrink the files a little (larger
+    // files compress better), never by much.
+    assert!(checkpoints.windows(2).all(|w| w[1].1 * 10 >= w[0].1 * 9), "the state grows: {checkpoints:?}");
+    assert!(checkpoints.last().unwrap().1 > 2 * first_total, "the state grows: {checkpoints:?}");
     let total: u64 = checkpoints.iter().map(|c| c.1).sum();
     let written: u64 = checkpoints.iter().map(|c| c.2).sum();
     assert!(written * 2 < total, "{written} bytes put for checkpoints of {total} bytes in all: not incremental");

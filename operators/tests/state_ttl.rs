@@ -13,13 +13,15 @@
 //! each key's count over its records, applied at their (timely) times, the
 //! key forgotten once the watermark passes its last change plus the TTL
 //! (its result retracted then, when expiry retracts) and started afresh by
-//! the next record.
+//! the next record. A user's keyed process: each key's state in order of
+//! arrival, gone before the first record that arrives after its last
+//! refresh plus the TTL, refreshed by writes (and reads, if asked).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use highwater_operators::checkpoint::memory::{check_recovery, Input, Output};
 use highwater_operators::prelude::*;
-use highwater_operators::state::{Expiry, StateTtl};
+use highwater_operators::state::{Expiry, KeyedContext, KeyedProcess, Refresh, Schema, StateTtl};
 use proptest::prelude::*;
 use timely::dataflow::operators::vec::Map;
 
@@ -481,4 +483,163 @@ fn stream_table_joins_forget_expired_keys_with_retractions() {
     let (retracting, silent) = (held(Expiry::Retract), held(Expiry::Silent));
     assert!(retracting > 0 && retracting <= 14, "expired keys are forgotten: {retracting} held");
     assert!(silent >= 150, "silently expired values stay in the join: {silent} held");
+}
+
+/// A record of a user's keyed process: `(key, value, id)`; a value of 0
+/// reads the key's sum, any other adds to it.
+type Deposit = (u8, u8, u16);
+/// What the process emits: `(key, sum, read?)`.
+type Sum = (u8, i64, bool);
+
+/// Random deposits and reads of three keys at distinct arrivals in
+/// [0, 2000), their event times up to 300 after their arrival (or before:
+/// late).
+fn deposits() -> impl Strategy<Value = Vec<Input<Deposit>>> {
+    prop::collection::vec((0u8..3, 0u8..4, 0u64..2000, 0u64..400), 1..100).prop_map(|mut raw| {
+        raw.sort_by_key(|r| r.2);
+        raw.into_iter()
+            .enumerate()
+            .map(|(id, (key, value, arrival, skew))| {
+                let arrival = arrival + id as u64;
+                ((key, value, id as u16), (arrival + skew).saturating_sub(100), 1, arrival)
+            })
+            .collect()
+    })
+}
+
+/// Sums per key; a read emits the sum it sees, a write retracts the old sum
+/// and emits the new one, and an expiry retracts the sum.
+struct Sums;
+
+impl KeyedProcess<u8, Deposit> for Sums {
+    type State = i64;
+    type Output = Sum;
+    const SCHEMA: Schema = Schema::new("test.sums", 1);
+
+    fn on_record(&self, ctx: &mut KeyedContext<'_, u8, i64, Sum>, (k, v, _): Deposit, t: Timestamp, d: Diff) {
+        let before = ctx.state().copied();
+        if v == 0 {
+            if let Some(sum) = before {
+                ctx.emit((k, sum, true), t, 1);
+            }
+            return;
+        }
+        if let Some(sum) = before {
+            ctx.emit((k, sum, false), t, -1);
+        }
+        let after = before.unwrap_or(0) + i64::from(v) * d;
+        *ctx.state_mut() = Some(after);
+        ctx.emit((k, after, false), t, 1);
+    }
+
+    fn on_expire(&self, ctx: &mut KeyedContext<'_, u8, i64, Sum>, at: Timestamp) {
+        let (k, sum) = (*ctx.key(), *ctx.state().expect("an expiring key has a state"));
+        ctx.emit((k, sum, false), at, -1);
+    }
+}
+
+/// The model: each key's records in order of arrival; before a record at
+/// arrival `a`, a state refreshed last at `u` with `u + ttl < a` is gone
+/// (retracted at `u + ttl + 1` when expiry retracts); a record refreshes at
+/// its event time or its arrival, whichever is later; at the end every
+/// state expires. Outputs at their timely times.
+fn sums_model(input: &[Input<Deposit>], ttl: StateTtl) -> BTreeMap<(Sum, u64), i64> {
+    let mut out: BTreeMap<(Sum, u64), i64> = BTreeMap::new();
+    let mut held: BTreeMap<u8, (i64, u64)> = BTreeMap::new();
+    let expire = |out: &mut BTreeMap<(Sum, u64), i64>, k: u8, (sum, u): (i64, u64)| {
+        if ttl.retracts() {
+            *out.entry(((k, sum, false), ttl.expires_at(u))).or_default() -= 1;
+        }
+    };
+    for ((k, v, _), time, diff, arrival) in input {
+        if let Some(state) = held.get(k).copied() {
+            if ttl.expires_at(state.1) <= *arrival {
+                expire(&mut out, *k, state);
+                held.remove(k);
+            }
+        }
+        let refresh = (*time).max(*arrival);
+        match (held.get_mut(k), *v) {
+            (Some((sum, u)), 0) => {
+                *out.entry(((*k, *sum, true), *arrival)).or_default() += 1;
+                if ttl.refreshes_on_read() {
+                    *u = (*u).max(refresh);
+                }
+            }
+            (None, 0) => {}
+            (state, v) => {
+                let before = state.as_ref().map(|s| s.0);
+                if let Some(sum) = before {
+                    *out.entry(((*k, sum, false), *arrival)).or_default() -= 1;
+                }
+                let after = before.unwrap_or(0) + i64::from(v) * diff;
+                *out.entry(((*k, after, false), *arrival)).or_default() += 1;
+                let u = state.map_or(refresh, |s| s.1.max(refresh));
+                held.insert(*k, (after, u));
+            }
+        }
+    }
+    for (k, state) in held {
+        expire(&mut out, k, state);
+    }
+    out.retain(|_, d| *d != 0);
+    out
+}
+
+fn summed(ttl: StateTtl) -> impl for<'s> Fn(&EventStream<'s, Deposit>) -> EventStream<'s, Sum> + Send + Sync + 'static {
+    move |deposits| deposits.state_ttl(ttl).process_keyed("Sums", |d: &Deposit| d.0, Sums).results
+}
+
+fn ttls() -> impl Strategy<Value = StateTtl> {
+    (any::<bool>(), any::<bool>()).prop_map(|(retract, on_read)| {
+        StateTtl::event_time(TTL).expiry(if retract { Expiry::Retract } else { Expiry::Silent }).refresh(if on_read {
+            Refresh::OnReadAndWrite
+        } else {
+            Refresh::OnWrite
+        })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// A user's keyed process whose state expires, in both expiry modes and
+    /// both refresh modes, recovered onto another number of workers.
+    #[test]
+    fn keyed_process_states_expire_as_the_model_says(input in deposits(), ttl in ttls(), cut in 1u64..2200, (before, after) in workers()) {
+        let run = check_recovery(&input, cut, before, after, summed(ttl));
+        prop_assert!(run.failures.is_empty(), "{:?}", run.failures);
+        let want = sums_model(&input, ttl);
+        prop_assert_eq!(by_time_of(&run.expected), want.clone(), "{:?}", ttl);
+        prop_assert_eq!(by_time_of(&run.recovered), want, "{:?} recovered", ttl);
+    }
+}
+
+fn by_time_of<O: Ord + Clone>(output: &Output<O>) -> BTreeMap<(O, u64), i64> {
+    let mut out = output.clone();
+    out.retain(|_, d| *d != 0);
+    out
+}
+
+/// Keys whose state expired leave the checkpoint; a read refreshes a key
+/// only when reads refresh.
+#[test]
+fn expired_keyed_process_states_leave_the_checkpoint() {
+    // 200 keys written once each, 10 ms apart; key 150 (written at 1.5 s)
+    // read 5 ms after every write from then on.
+    let mut input: Vec<Input<Deposit>> =
+        (0..200u16).map(|i| (((i % 200) as u8, 1, i), u64::from(i) * 10, 1, u64::from(i) * 10)).collect();
+    input.extend((150..190u16).map(|i| ((150u8, 0, 1000 + i), u64::from(i) * 10 + 5, 1, u64::from(i) * 10 + 5)));
+    input.sort_by_key(|u| u.3);
+    let held = |ttl: StateTtl| {
+        let run = check_recovery(&input, 1_900, 1, 2, summed(ttl));
+        assert_eq!(run.recovered, run.expected);
+        assert_eq!(by_time_of(&run.expected), sums_model(&input, ttl));
+        run.checkpoint.entries_of("Sums")
+    };
+    let on_write = held(StateTtl::event_time(TTL));
+    // Written within 120 ms before the cut at 1.9 s: at most 13 keys.
+    assert!(on_write > 0 && on_write <= 13, "expired keys are forgotten: {on_write} held");
+    // Read until 1.895 s: key 150 is held too.
+    assert_eq!(held(StateTtl::event_time(TTL).refresh(Refresh::OnReadAndWrite)), on_write + 1);
 }

@@ -53,7 +53,7 @@ mod ttl;
 pub use crate::checkpoint::{BackendFiles, Schema, StateError};
 pub use backend::{Encoded, InMemory, KeyedStateBackend, StateValue};
 pub use keyed::{AnyKeyedState, Backend, Detached, KeyedState, Opener, UnknownBackend, BACKEND_ENV};
-pub use process::{KeyedContext, KeyedProcess};
+pub use process::{KeyedContext, KeyedProcess, TtlProcessed};
 #[cfg(feature = "rocksdb")]
 pub use rocks::{parse_size, InvalidSize, RocksDbConfig, RocksDbState, SPILL_AT, STATE_CACHE_ENV, STATE_DIR_ENV};
 #[cfg(feature = "rocksdb")]
@@ -63,7 +63,7 @@ pub use stateful::{
     snapshot_without_keyed, GatedInput, InputOf, Managed, OutputOf, RestoredEntries, Stateful, StatefulBuilder,
 };
 pub use timers::Timers;
-pub use ttl::{Expiry, StateTtl, WithTtl};
+pub use ttl::{Expiry, Refresh, StateTtl, WithTtl};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;

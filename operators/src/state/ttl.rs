@@ -32,6 +32,22 @@ pub enum Expiry {
     Retract,
 }
 
+/// Which accesses to an entry restart its time-to-live.
+///
+/// In the built-in operators (joins, tables, aggregations by key) every
+/// record that touches a key writes it; [`EventStream::process_keyed`]
+/// tells reads from writes, so there the choice matters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Refresh {
+    /// Writes only (Flink's `OnCreateAndWrite`): an entry read but not
+    /// written still expires `ttl` after its last write.
+    #[default]
+    OnWrite,
+    /// Reads and writes (Flink's `OnReadAndWrite`): an entry expires `ttl`
+    /// after it was last used.
+    OnReadAndWrite,
+}
+
 /// A time-to-live for the state of an operator that no watermark releases.
 ///
 /// Given to an operator with [`EventStream::state_ttl`](crate::EventStream::state_ttl):
@@ -47,13 +63,27 @@ pub enum Expiry {
 pub struct StateTtl {
     ttl: u64,
     expiry: Expiry,
+    #[serde(default)]
+    refresh: Refresh,
 }
 
 impl StateTtl {
     /// Entries live for `ttl` of event time after their last write, and are
     /// forgotten silently ([`Expiry::Silent`]).
     pub fn event_time(ttl: impl IntoMillis) -> Self {
-        StateTtl { ttl: ttl.into_millis(), expiry: Expiry::Silent }
+        StateTtl { ttl: ttl.into_millis(), expiry: Expiry::Silent, refresh: Refresh::OnWrite }
+    }
+
+    /// Which accesses restart an entry's time-to-live (writes only unless
+    /// told otherwise).
+    pub fn refresh(mut self, refresh: Refresh) -> Self {
+        self.refresh = refresh;
+        self
+    }
+
+    /// Whether reads restart an entry's time-to-live as writes do.
+    pub fn refreshes_on_read(&self) -> bool {
+        self.refresh == Refresh::OnReadAndWrite
     }
 
     /// What expiry does downstream.

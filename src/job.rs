@@ -50,7 +50,7 @@ pub use crate::failures::Failures;
 use crate::failures::FAILURES_KEY;
 use crate::latency::Latency;
 use crate::source::{Alignment, Failing};
-use crate::totals::{Finished, Totals, TOTALS_KEY};
+use crate::totals::{Finished, Totals};
 use highwater_operators::checkpoint::CheckpointId;
 use highwater_operators::flow::InFlight;
 
@@ -105,7 +105,8 @@ pub struct JobReport<T> {
     pub already_complete: bool,
     /// The job's counters ([`Totals`]) summed over every worker of every
     /// process, on every process: each source's `records`, `dead_letters`
-    /// and `late_read`, and what the program counted. Empty if the job had
+    /// and `late_read`, each operator's `expired` entries (with a state
+    /// time-to-live), and what the program counted. Empty if the job had
     /// already completed, or if another process did not report its sums.
     pub totals: BTreeMap<String, u64>,
 }
@@ -157,6 +158,19 @@ impl Job {
     /// the `rocksdb` feature, for state larger than memory).
     pub fn state_backend(mut self, backend: crate::operators::state::Backend) -> Self {
         backend.configure(&mut self.config.worker);
+        self
+    }
+
+    /// A job-wide state time-to-live (as Flink's `table.exec.state.ttl`):
+    /// the operators whose state no watermark releases (unwindowed joins,
+    /// upsert tables, aggregations by key, user keyed processes) and that
+    /// are not given one of their own
+    /// ([`EventStream::state_ttl`](crate::operators::EventStream::state_ttl))
+    /// forget their entries `ttl` of event time after their last write
+    /// (see [`StateTtl`](crate::operators::state::StateTtl)). What expires
+    /// is counted in [`JobReport::totals`] as `<operator>.expired`.
+    pub fn state_ttl(mut self, ttl: crate::operators::state::StateTtl) -> Self {
+        ttl.configure(&mut self.config.worker);
         self
     }
 
@@ -257,7 +271,7 @@ impl Job {
         let failures = Failures::default();
         config.worker.set(FAILURES_KEY.to_owned(), failures.clone());
         let totals = Totals::default();
-        config.worker.set(TOTALS_KEY.to_owned(), totals.clone());
+        totals.configure(&mut config.worker);
         let threads = crate::cluster::threads(&config).max(1);
         let summed: Arc<Mutex<Option<BTreeMap<String, u64>>>> = Arc::default();
         let summed_here = Arc::clone(&summed);

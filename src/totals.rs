@@ -1,11 +1,12 @@
 //! Counters summed over every worker of every process of a job: what a
 //! [`Job`](crate::Job) reports at its end ([`JobReport::totals`](crate::JobReport::totals)).
 //!
-//! Counters ([`Counter`]) count on one worker, or on one process when its
+//! Counters ([`Counter`](highwater_operators::Counter)) count on one worker, or on one process when its
 //! workers share them (a [`SourceMetrics`](crate::source::SourceMetrics)
 //! made outside the workers). A program registers them under a name with
 //! [`Totals::count`]; sources register their own (`<source>.records`,
-//! `<source>.dead_letters`, `<source>.late_read`). When the job's sources
+//! `<source>.dead_letters`, `<source>.late_read`), operators with a state
+//! time-to-live theirs (`<operator>.expired`). When the job's sources
 //! have ended, each process adds up its distinct counters per name (a
 //! counter shared by several workers counts once), and the processes
 //! exchange their sums over the job's own connections, so every process
@@ -15,44 +16,13 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use highwater_operators::Counter;
 use timely::dataflow::operators::vec::Broadcast;
 use timely::dataflow::operators::{Input, Inspect, Probe};
-
-/// The key under which a job's [`Totals`] sit in the timely worker
-/// configuration.
-pub(crate) const TOTALS_KEY: &str = "highwater::totals";
 
 /// How long the workers wait for the other processes' sums.
 pub(crate) const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The counters of a job's process, by name; shared by its workers.
-#[derive(Clone, Debug, Default)]
-pub struct Totals(Arc<Mutex<BTreeMap<String, Vec<Counter>>>>);
-
-impl Totals {
-    /// The totals of the job that `scope`'s computation runs, if it runs as
-    /// a [`Job`](crate::Job).
-    pub fn of(scope: &timely::dataflow::Scope<'_, crate::Timestamp>) -> Option<Totals> {
-        scope.worker().config().get::<Totals>(TOTALS_KEY).cloned()
-    }
-
-    /// Counts `counter` under `name`: the job's total for `name` is the sum
-    /// of every distinct counter registered under it, on every process.
-    pub fn count(&self, name: &str, counter: &Counter) {
-        let mut counters = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let list = counters.entry(name.to_owned()).or_default();
-        if !list.iter().any(|c| c.same_as(counter)) {
-            list.push(counter.clone());
-        }
-    }
-
-    /// This process's sums, by name.
-    pub fn local(&self) -> BTreeMap<String, u64> {
-        let counters = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        counters.iter().map(|(name, list)| (name.clone(), list.iter().map(Counter::get).sum())).collect()
-    }
-}
+pub use highwater_operators::totals::Totals;
 
 /// The workers of a process that have run their dataflows to the end.
 ///

@@ -165,6 +165,9 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         KF: Fn(&D) -> K + 'static,
         A: Aggregate<D>,
     {
+        if let Some(ttl) = StateTtl::of(&self.scope()) {
+            return self.state_ttl(ttl).aggregate_by_key_named(name, key, agg).results;
+        }
         self.aggregate_by_key_with(name, key, agg, None, Counter::new())
     }
 
@@ -284,6 +287,7 @@ impl<'scope, D: Data> WithTtl<'scope, D> {
         A: Aggregate<D>,
     {
         let expired = Counter::new();
+        crate::totals::Totals::count_in(&self.stream.scope(), &format!("{name}.expired"), &expired);
         let results = self.stream.aggregate_by_key_with(name, key, agg, Some(self.ttl), expired.clone());
         TtlAggregated { results, expired }
     }

@@ -289,6 +289,13 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         KR: Fn(&R) -> K + 'static,
         F: Fn(&L, &R) -> O + 'static,
     {
+        if let Some(ttl) = crate::state::StateTtl::of(&self.scope()) {
+            let joined = self.state_ttl(ttl).join(other, key_left, key_right, output);
+            let scope = self.scope();
+            crate::totals::Totals::count_in(&scope, "Join.late", &joined.late_left.count);
+            crate::totals::Totals::count_in(&scope, "Join.late", &joined.late_right.count);
+            return joined.results;
+        }
         let unbounded = Interval { bounds: |_: &L, _| (0, END_OF_TIME), lead: END_OF_TIME };
         self.interval_join_core("Join", other, key_left, key_right, unbounded, AllowedLateness(END_OF_TIME), output)
             .results
@@ -401,6 +408,9 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         let (mut late_left_out, late_left) = builder.output::<L>();
         let (mut late_right_out, late_right) = builder.output::<R>();
         let (count_left, count_right, expired) = (Counter::new(), Counter::new(), Counter::new());
+        if ttl.is_some() {
+            crate::totals::Totals::count_in(&self.scope(), &format!("{name}.expired"), &expired);
+        }
         let mut op = IntervalOp {
             key_left,
             key_right,

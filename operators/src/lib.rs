@@ -41,6 +41,7 @@ pub mod state;
 pub mod stream;
 pub mod table;
 pub mod time;
+pub mod totals;
 pub mod window;
 
 pub use aggregate::Aggregate;

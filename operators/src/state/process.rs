@@ -374,6 +374,9 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         KF: Fn(&D) -> K + 'static,
         P: KeyedProcess<K, D>,
     {
+        if let Some(ttl) = StateTtl::of(&self.scope()) {
+            return self.state_ttl(ttl).process_keyed(name, key, process).results;
+        }
         self.process_keyed_core::<K, KF, P, ()>(name, key, process, None, Counter::new())
     }
 
@@ -706,6 +709,7 @@ impl<'scope, D: Data> WithTtl<'scope, D> {
         P: KeyedProcess<K, D>,
     {
         let expired = Counter::new();
+        crate::totals::Totals::count_in(&self.stream.scope(), &format!("{name}.expired"), &expired);
         let results =
             self.stream.process_keyed_core::<K, KF, P, TtlStamp>(name, key, process, Some(self.ttl), expired.clone());
         TtlProcessed { results, expired }

@@ -107,12 +107,49 @@ impl StateTtl {
         self.expiry == Expiry::Retract
     }
 
+    /// Makes this the default time-to-live of the computations run with
+    /// `config` (a job-wide default, as Flink's `table.exec.state.ttl`):
+    /// the operators whose state no watermark releases and that are not
+    /// given a time-to-live of their own ([`EventStream::state_ttl`]) take
+    /// it: [`EventStream::join`], [`EventStream::upsert`],
+    /// [`EventStream::aggregate_by_key`] and
+    /// [`EventStream::process_keyed`]. Each then counts what expired in
+    /// the job's totals ([`Totals`](crate::totals::Totals)) as
+    /// `<operator>.expired`, and the join its late records as
+    /// `<operator>.late`.
+    ///
+    /// ```
+    /// use highwater_operators::prelude::*;
+    /// use highwater_operators::state::StateTtl;
+    /// let mut config = timely::WorkerConfig::default();
+    /// StateTtl::event_time(1.hours()).configure(&mut config);
+    /// assert_eq!(StateTtl::of_config(&config), Some(StateTtl::event_time(1.hours())));
+    /// assert_eq!(StateTtl::of_config(&timely::WorkerConfig::default()), None);
+    /// ```
+    pub fn configure(self, config: &mut timely::WorkerConfig) {
+        config.set(DEFAULT_KEY.to_owned(), self);
+    }
+
+    /// The default time-to-live a worker's configuration holds, if any.
+    pub fn of_config(config: &timely::WorkerConfig) -> Option<StateTtl> {
+        config.get::<StateTtl>(DEFAULT_KEY).copied()
+    }
+
+    /// The default time-to-live of `scope`'s computation, if any.
+    pub fn of(scope: &timely::dataflow::Scope<'_, Timestamp>) -> Option<StateTtl> {
+        Self::of_config(scope.worker().config())
+    }
+
     /// The first event time at which an entry last written at `written` is
     /// gone: `written + ttl + 1` (saturating).
     pub fn expires_at(&self, written: Timestamp) -> Timestamp {
         written.saturating_add(self.ttl).saturating_add(1)
     }
 }
+
+/// The key under which a computation's default [`StateTtl`] sits in the
+/// timely worker configuration.
+const DEFAULT_KEY: &str = "highwater::state_ttl";
 
 /// A stream for an operator whose state expires ([`EventStream::state_ttl`]):
 /// its operators ([`join`](WithTtl::join)) are those of the stream, with a

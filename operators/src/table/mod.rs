@@ -204,7 +204,7 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
     /// ]);
     /// ```
     pub fn upsert(&self) -> Upserted<'scope, K, V> {
-        self.upsert_with(AllowedLateness::ZERO, None)
+        self.upsert_with(AllowedLateness::ZERO, StateTtl::of(&self.scope()))
     }
 
     fn upsert_with(&self, lateness: AllowedLateness, ttl: Option<StateTtl>) -> Upserted<'scope, K, V> {
@@ -215,6 +215,9 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
         let (mut log_out, log) = builder.output::<(K, V)>();
         let (mut late_out, late) = builder.output::<(K, Option<V>)>();
         let (count, expired) = (Counter::new(), Counter::new());
+        if ttl.is_some() {
+            crate::totals::Totals::count_in(&self.scope(), "Upsert.expired", &expired);
+        }
         let mut op = UpsertOp {
             lateness,
             ttl,
@@ -267,7 +270,7 @@ impl<'scope, K: Key, V: Data + PartialEq> crate::late::WithLateness<'scope, (K, 
     /// Builds a table from upserts that arrive up to the allowed lateness
     /// after the watermark passed them; see [`EventStream::upsert`].
     pub fn upsert(&self) -> Upserted<'scope, K, V> {
-        self.stream.upsert_with(self.lateness, None)
+        self.stream.upsert_with(self.lateness, StateTtl::of(&self.stream.scope()))
     }
 }
 

@@ -94,10 +94,9 @@ macro_rules! with_counts {
 }
 
 /// `aggregate` of `bids` per key: for ever, or with the options' state
-/// time-to-live (then in event time; the expired keys are counted in the
-/// job's totals as `<query>.expired`).
+/// time-to-live (then in event time; the operator counts the expired keys
+/// in the job's totals as `<name>.expired`).
 fn by_key<'scope, K, A>(
-    query: &str,
     bids: &EventStream<'scope, Bid>,
     name: &str,
     key: impl Fn(&Bid) -> K + 'static,
@@ -111,17 +110,13 @@ where
     let Some(ttl) = options.state_ttl else {
         return bids.aggregate_by_key_named(name, key, aggregate);
     };
-    let aggregated = bids.state_ttl(ttl).aggregate_by_key_named(name, key, aggregate);
-    if let Some(totals) = crate::totals::Totals::of(&bids.scope()) {
-        totals.count(&format!("{query}.expired"), &aggregated.expired);
-    }
-    aggregated.results
+    bids.state_ttl(ttl).aggregate_by_key_named(name, key, aggregate).results
 }
 
 /// Per UTC day: bids, bidders and auctions by price rank.
 pub(super) fn q15<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
     let fmt = options.format();
-    let rows = by_key("q15", &bids(events), "DailyStats", |b: &Bid| day_of(b.date_time), counts(), options)
+    let rows = by_key(&bids(events), "DailyStats", |b: &Bid| day_of(b.date_time), counts(), options)
         .map(move |(day, c)| push_counts(fmt.row().day(day), c).done());
     QueryOutput { header: with_counts!("day"), rows, kind: QueryKind::Updating, late: Vec::new() }
 }
@@ -131,7 +126,6 @@ pub(super) fn q16<'scope>(events: &EventStream<'scope, Event>, options: &QueryOp
     let fmt = options.format();
     let minute = |b: &Bid| b.date_time % DAY_MS / 60_000;
     let rows = by_key(
-        "q16",
         &bids(events),
         "ChannelDailyStats",
         |b: &Bid| (b.channel.clone(), day_of(b.date_time)),
@@ -150,7 +144,6 @@ pub(super) fn q17<'scope>(events: &EventStream<'scope, Event>, options: &QueryOp
     let fmt = options.format();
     let price = |b: &Bid| b.price;
     let rows = by_key(
-        "q17",
         &bids(events),
         "AuctionDailyStats",
         |b: &Bid| (b.auction, day_of(b.date_time)),
@@ -191,7 +184,6 @@ pub(super) fn q17<'scope>(events: &EventStream<'scope, Event>, options: &QueryOp
 pub(super) fn q18<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
     let fmt = options.format();
     let rows = by_key(
-        "q18",
         &bids(events),
         "LatestBid",
         |b: &Bid| (b.bidder, b.auction),
@@ -226,7 +218,6 @@ pub(super) fn q18<'scope>(events: &EventStream<'scope, Event>, options: &QueryOp
 pub(super) fn q19<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
     let fmt = options.format();
     let rows = by_key(
-        "q19",
         &bids(events),
         "TopBids",
         |b: &Bid| b.auction,

@@ -14,7 +14,6 @@ pub(super) fn q3<'scope>(events: &EventStream<'scope, Event>, options: &QueryOpt
     let sellers = persons(events).filter(|p: &Person| matches!(p.state.as_str(), "OR" | "ID" | "CA"));
     let auctions = auctions(events).filter(|a: &Auction| a.category == 10);
     let (rows, kind, late) = join(
-        "q3",
         &sellers,
         &auctions,
         |p| p.id,
@@ -27,11 +26,11 @@ pub(super) fn q3<'scope>(events: &EventStream<'scope, Event>, options: &QueryOpt
 
 /// `left` joined with `right` unwindowed: for ever, or with the options'
 /// state time-to-live. Then records behind the watermark are late
-/// (counted), the expired ones are counted in the job's totals as
-/// `<query>.expired`, and with retractions the rows are a changelog.
+/// (counted), the expired ones are counted in the job's totals (as
+/// `Join.expired`, by the operator), and with retractions the rows are a
+/// changelog.
 #[allow(clippy::too_many_arguments)]
 fn join<'scope, L, R, K, O>(
-    query: &str,
     left: &EventStream<'scope, L>,
     right: &EventStream<'scope, R>,
     key_left: impl Fn(&L) -> K + 'static,
@@ -49,9 +48,6 @@ where
         return (left.join(right, key_left, key_right, output), QueryKind::Append, Vec::new());
     };
     let joined = left.state_ttl(ttl).join(right, key_left, key_right, output);
-    if let Some(totals) = crate::totals::Totals::of(&left.scope()) {
-        totals.count(&format!("{query}.expired"), &joined.expired);
-    }
     let kind = if ttl.retracts() { QueryKind::Updating } else { QueryKind::Append };
     (joined.results, kind, vec![joined.late_left.count, joined.late_right.count])
 }
@@ -98,7 +94,6 @@ pub(super) fn q20<'scope>(events: &EventStream<'scope, Event>, options: &QueryOp
     let fmt = options.format();
     let auctions = auctions(events).filter(|a: &Auction| a.category == 10);
     let (rows, kind, late) = join(
-        "q20",
         &bids(events),
         &auctions,
         |b: &Bid| b.auction,

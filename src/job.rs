@@ -124,6 +124,7 @@ pub struct Job {
     in_flight: InFlight,
     alignment: Alignment,
     latency: Option<Latency>,
+    totals: Totals,
 }
 
 impl std::fmt::Debug for Job {
@@ -143,7 +144,9 @@ impl Job {
         let mut config = config;
         let in_flight = InFlight::configure(&mut config);
         let alignment = Alignment::configure(&mut config);
-        Job { config, checkpoints: None, coordinator: None, verify: None, in_flight, alignment, latency: None }
+        let totals = Totals::default();
+        totals.configure(&mut config.worker);
+        Job { config, checkpoints: None, coordinator: None, verify: None, in_flight, alignment, latency: None, totals }
     }
 
     /// A job on the layout timely's arguments describe: `-w` workers per
@@ -184,6 +187,12 @@ impl Job {
     /// sources pause on (flow control; for progress reports).
     pub fn in_flight(&self) -> InFlight {
         self.in_flight.clone()
+    }
+
+    /// The counters of the job in this process, by name, as they count
+    /// (for progress reports; [`JobReport::totals`] has the job's sums).
+    pub fn totals(&self) -> Totals {
+        self.totals.clone()
     }
 
     /// Watermark alignment of the job's sources (those that take the job's
@@ -252,7 +261,7 @@ impl Job {
         E: std::fmt::Display,
         F: Fn(&mut timely::worker::Worker) -> Result<T, E> + Send + Sync + 'static,
     {
-        let Job { mut config, checkpoints, coordinator, verify, in_flight, alignment, latency: _ } = self;
+        let Job { mut config, checkpoints, coordinator, verify, in_flight, alignment, latency: _, totals } = self;
         let checkpoints = match checkpoints {
             Some(ck) => Some(match checkpoint_membership(&config, coordinator.as_deref())? {
                 Some(membership) => Checkpoints::open_member(ck, membership)?,
@@ -270,8 +279,6 @@ impl Job {
         let complete = checkpoints.as_ref().is_some_and(|c| c.restored().is_some_and(|m| m.is_final()));
         let failures = Failures::default();
         config.worker.set(FAILURES_KEY.to_owned(), failures.clone());
-        let totals = Totals::default();
-        totals.configure(&mut config.worker);
         let threads = crate::cluster::threads(&config).max(1);
         let summed: Arc<Mutex<Option<BTreeMap<String, u64>>>> = Arc::default();
         let summed_here = Arc::clone(&summed);

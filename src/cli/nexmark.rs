@@ -550,7 +550,12 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
         }
     }
 
-    let gauges = Gauges { in_flight: Some(job.in_flight()), alignment: Some(job.alignment()), ..Gauges::default() };
+    let gauges = Gauges {
+        in_flight: Some(job.in_flight()),
+        alignment: Some(job.alignment()),
+        totals: Some(job.totals()),
+        ..Gauges::default()
+    };
     let latency = job.latency();
     // (row sinks, dead-letter sinks) of every worker.
     let sinks: Arc<std::sync::Mutex<(Vec<SinkHandle>, Vec<SinkHandle>)>> = Default::default();

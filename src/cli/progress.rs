@@ -48,11 +48,19 @@ pub(super) struct Gauges {
     pub(super) in_flight: Option<highwater_operators::flow::InFlight>,
     /// The job's watermark alignment (for the current drift).
     pub(super) alignment: Option<Alignment>,
+    /// The job's counters in this process (for what expired).
+    pub(super) totals: Option<crate::totals::Totals>,
 }
 
 impl Gauges {
     pub(super) fn late(&self) -> u64 {
         self.late.lock().map(|l| l.iter().map(Counter::get).sum()).unwrap_or(0)
+    }
+
+    /// Entries expired by a state time-to-live so far, in this process.
+    pub(super) fn expired(&self) -> u64 {
+        let Some(totals) = self.totals.as_ref() else { return 0 };
+        totals.local().iter().filter(|(name, _)| name.ends_with(".expired")).map(|(_, n)| n).sum()
     }
 }
 
@@ -83,7 +91,7 @@ impl Progress {
                     if watermark == 0 || watermark == END_OF_TIME { 0 } else { max_seen.saturating_sub(watermark) };
                 eprintln!(
                     "[{:>6.1}s] events {} ({:.2} M ev/s) | watermark {} | lag {:.1} s | late {} | dead letters {} \
-                     | in flight {} | throttled {:.1} s | drift {} | aligned {:.1} s",
+                     | in flight {} | throttled {:.1} s | drift {} | aligned {:.1} s | expired {}",
                     started.elapsed().as_secs_f64(),
                     records,
                     rate / 1e6,
@@ -99,6 +107,7 @@ impl Progress {
                         .and_then(Alignment::greatest_drift)
                         .map_or_else(|| "-".to_owned(), |ms| format!("{:.1} s", ms as f64 / 1000.0)),
                     gauges.source.aligned_us.get() as f64 / 1e6,
+                    gauges.expired(),
                 );
             }
         });

@@ -15,11 +15,16 @@
 //!   rows; half moving an order to another customer) are timed until their
 //!   results are out. Baseline: the same upserts into the two tables, without
 //!   the join.
+//! - `upsert-ttl`: `--updates` upserts to random keys of `--keys` into an
+//!   upsert table with a state time-to-live of 24 h of event time (silent:
+//!   nothing expires within the run, so the figure is the cost of the TTL's
+//!   bookkeeping). Baseline: the same upserts into the table without a TTL.
 //!
 //! Each figure is the median of `--runs` runs.
 //!
 //! ```text
 //! cargo bench --bench tables -- --keys 1000000 --events 10000000 --updates 2000000 --runs 3 --workers 1,2
+//! cargo bench --bench tables -- --keys 1000000 --updates 10000000 --runs 5 --workers 1,2 --only upsert-ttl
 //! ```
 
 mod common;
@@ -33,6 +38,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use highwater_operators::prelude::*;
+use highwater_operators::state::StateTtl;
 use highwater_operators::Update;
 use timely::dataflow::operators::core::Inspect;
 use timely::dataflow::operators::{Input, Probe};
@@ -48,10 +54,13 @@ struct Options {
     updates: u64,
     runs: usize,
     workers: Vec<usize>,
+    /// Only the benchmark of this name (`enrich`, `table-join`, `upsert-ttl`).
+    only: Option<String>,
 }
 
 fn parse_args() -> Options {
-    let mut o = Options { keys: 1_000_000, events: 10_000_000, updates: 2_000_000, runs: 3, workers: vec![1, 2] };
+    let mut o =
+        Options { keys: 1_000_000, events: 10_000_000, updates: 2_000_000, runs: 3, workers: vec![1, 2], only: None };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
@@ -61,6 +70,7 @@ fn parse_args() -> Options {
             "--updates" => o.updates = value().parse().expect("--updates N"),
             "--runs" => o.runs = value().parse().expect("--runs N"),
             "--workers" => o.workers = value().split(',').map(|w| w.parse().expect("--workers 1,2")).collect(),
+            "--only" => o.only = Some(value()),
             "--bench" => {}
             other => panic!("unknown argument {other}"),
         }
@@ -77,6 +87,8 @@ enum Mode {
     EnrichBaseline,
     TableJoin,
     TableJoinBaseline,
+    UpsertTtl,
+    UpsertBaseline,
 }
 
 /// Runs one mode; returns the timed records per second (all workers) and the
@@ -123,6 +135,22 @@ fn run(mode: Mode, o: &Options, workers: usize) -> (f64, u64) {
                         })
                         .probe_with(&probe);
                 }
+                Mode::UpsertTtl | Mode::UpsertBaseline => {
+                    let table = if mode == Mode::UpsertTtl {
+                        right.state_ttl(StateTtl::event_time(24.hours())).upsert().table
+                    } else {
+                        right.upsert().table
+                    };
+                    table
+                        .changelog()
+                        .inner
+                        .inspect_core(move |e| {
+                            if let Ok((_, b)) = e {
+                                counter(b.len())
+                            }
+                        })
+                        .probe_with(&probe);
+                }
                 Mode::TableJoin | Mode::TableJoinBaseline => {
                     let orders = left.upsert().table;
                     let customers = right.upsert().table;
@@ -158,6 +186,7 @@ fn run(mode: Mode, o: &Options, workers: usize) -> (f64, u64) {
                     right_in.send(((k, Some(k * 7)), 0, 1));
                 }
             }
+            Mode::UpsertTtl | Mode::UpsertBaseline => {}
             Mode::TableJoin | Mode::TableJoinBaseline => {
                 for k in (index..keys).step_by(peers as usize) {
                     left_in.send(((k, Some(k % customers)), 0, 1));
@@ -185,6 +214,7 @@ fn run(mode: Mode, o: &Options, workers: usize) -> (f64, u64) {
                 let r = rng.next();
                 match mode {
                     Mode::Enrich | Mode::EnrichBaseline => left_in.send(((r % keys, None), batch, 1)),
+                    Mode::UpsertTtl | Mode::UpsertBaseline => right_in.send(((r % keys, Some(r >> 32)), batch, 1)),
                     _ if r & 1 == 0 => right_in.send((((r >> 1) % customers, Some(r >> 32)), batch, 1)),
                     _ => left_in.send((((r >> 1) % keys, Some((r >> 32) % customers)), batch, 1)),
                 }
@@ -220,7 +250,16 @@ fn main() {
         for (name, mode, baseline) in [
             ("enrich (as-of join, table of --keys)", Mode::Enrich, Mode::EnrichBaseline),
             ("table–table join updates", Mode::TableJoin, Mode::TableJoinBaseline),
+            ("upsert table with a 24 h TTL", Mode::UpsertTtl, Mode::UpsertBaseline),
         ] {
+            let short = match mode {
+                Mode::Enrich => "enrich",
+                Mode::TableJoin => "table-join",
+                _ => "upsert-ttl",
+            };
+            if o.only.as_deref().is_some_and(|only| only != short) {
+                continue;
+            }
             let (mut rates, mut bases, mut outs) = (Vec::new(), Vec::new(), 0);
             for _ in 0..o.runs {
                 let (r, n) = run(mode, &o, workers);

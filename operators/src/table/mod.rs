@@ -63,7 +63,8 @@ use smallvec::SmallVec;
 use crate::key::{route, Data, Key};
 use crate::late::{Counter, LateOutput};
 use crate::state::{
-    give_all, AnyKeyedState, KeyedState, OperatorState, Schema, Snapshot, StateTtl, Stateful, Timers, WithTtl,
+    give_all, AnyKeyedState, KeyedState, OperatorState, Schema, Snapshot, StateError, StateTtl, Stateful, Timers,
+    WithTtl,
 };
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
@@ -97,9 +98,24 @@ pub struct Upserted<'scope, K: 'static, V: 'static> {
 }
 
 /// The values of one key from each of its upserts' times on, in time order,
-/// and the time a compaction is scheduled for (`Timestamp::MAX`: none).
+/// the time a compaction is scheduled for, and with a time-to-live the time
+/// the key's expiry is checked at (`Timestamp::MAX`: none).
+///
+/// The two are timers of their own, so that an upsert, which brings the
+/// compaction forward, leaves no superseded expiry timer behind: the expiry
+/// timer is set once and, when it finds the key refreshed, set again at the
+/// new expiry (one per key, not one per upsert within the TTL).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct History<V> {
+    versions: SmallVec<[(Timestamp, Option<V>); 1]>,
+    scheduled: Timestamp,
+    expiring: Timestamp,
+}
+
+/// [`History`] in version 1 of the schema, without the expiry timer.
+#[derive(serde::Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct HistoryV1<V> {
     versions: SmallVec<[(Timestamp, Option<V>); 1]>,
     scheduled: Timestamp,
 }
@@ -116,18 +132,25 @@ impl<V> History<V> {
         }
     }
 
-    /// The changelog this history stands for, with a time-to-live: each
-    /// value from its version's time until the next version, or until it
-    /// expires (`ttl`'s expiry time) if that comes first: then retracted
-    /// there with [`Expiry::Retract`](crate::state::Expiry::Retract), never
-    /// with [`Expiry::Silent`](crate::state::Expiry::Silent) (downstream
-    /// keeps what it was told, and the next version does not retract it).
-    fn changelog(&self, ttl: StateTtl) -> Vec<(V, Timestamp, Diff)>
-    where
+    /// The changelog that the versions in `range` stand for, with a
+    /// time-to-live, each diff times `sign`, into `out`: each value from its
+    /// version's time until the next version, or until it expires (`ttl`'s
+    /// expiry time) if that comes first: then retracted there with
+    /// [`Expiry::Retract`](crate::state::Expiry::Retract), never with
+    /// [`Expiry::Silent`](crate::state::Expiry::Silent) (downstream keeps
+    /// what it was told, and the next version does not retract it). A
+    /// version's entries depend only on it and on its successor's time.
+    fn changelog_of(
+        &self,
+        range: std::ops::Range<usize>,
+        ttl: StateTtl,
+        sign: Diff,
+        out: &mut Vec<(V, Timestamp, Diff)>,
+    ) where
         V: Clone,
     {
-        let mut out = Vec::with_capacity(2 * self.versions.len());
-        for (i, (t, v)) in self.versions.iter().enumerate() {
+        for i in range {
+            let (t, v) = &self.versions[i];
             let Some(v) = v else { continue };
             let expires = ttl.expires_at(*t);
             let end = match self.versions.get(i + 1).map(|(n, _)| *n) {
@@ -135,12 +158,11 @@ impl<V> History<V> {
                 _ if ttl.retracts() => Some(expires),
                 _ => None,
             };
-            out.push((v.clone(), *t, 1));
+            out.push((v.clone(), *t, sign));
             if let Some(end) = end {
-                out.push((v.clone(), end, -1));
+                out.push((v.clone(), end, -sign));
             }
         }
-        out
     }
 
     /// With a time-to-live: the time from which the whole history can be
@@ -225,6 +247,7 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
             expired: expired.clone(),
             due: Timers::default(),
             log: Vec::new(),
+            changes: Vec::new(),
             late: Vec::new(),
         };
 
@@ -233,8 +256,12 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
             // changelog up to the cut went out before it: nothing is owed.
             managed.restore(|Upserts(tables), _time, entries| {
                 tables.reserve(entries.len());
-                entries.for_each(|(k, history)| {
+                entries.for_each(|(k, mut history)| {
                     op.due.restore(history.scheduled, k.clone());
+                    // The expiry timer follows from the history (an entry
+                    // migrated from version 1 of the schema has none).
+                    history.expiring = Timestamp::MAX;
+                    op.schedule_expiry(&mut history, &k);
                     tables.insert(k, history);
                 });
             });
@@ -356,6 +383,8 @@ struct UpsertOp<K, V> {
     due: Timers<K>,
     /// The changelog and the late upserts of the stamp being taken in.
     log: Vec<Update<(K, V)>>,
+    /// With a TTL, the changelog of the versions an upsert changes.
+    changes: Vec<(V, Timestamp, Diff)>,
     late: Vec<Update<(K, Option<V>)>>,
 }
 
@@ -381,7 +410,11 @@ impl<K: Key, V: Data + PartialEq> UpsertOp<K, V> {
             return;
         }
         let history = if diff > 0 {
-            tables.get_or_insert_with(k.clone(), || History { versions: SmallVec::new(), scheduled: Timestamp::MAX })
+            tables.get_or_insert_with(k.clone(), || History {
+                versions: SmallVec::new(),
+                scheduled: Timestamp::MAX,
+                expiring: Timestamp::MAX,
+            })
         } else {
             // An undo of an upsert this key does not hold changes nothing.
             match tables.get_mut(&k) {
@@ -390,10 +423,22 @@ impl<K: Key, V: Data + PartialEq> UpsertOp<K, V> {
             }
         };
         // With a TTL, the changelog is the difference between what the
-        // history stands for before and after the upsert.
-        let before = self.ttl.map(|ttl| history.changelog(ttl));
+        // history stands for before and after the upsert: that of the
+        // versions around the change (from the one before the version at or
+        // before `time`, to the one after it; the entries of a version
+        // depend only on it and on its successor's time).
+        let at = history.versions.partition_point(|(t, _)| *t <= time);
+        let lo = at.saturating_sub(2);
+        let hi = (at + 1).min(history.versions.len());
+        let len = history.versions.len();
+        // The usual upsert comes after every version the key holds: its
+        // changelog follows from the last version alone (below).
+        let append = diff > 0 && at == len && history.versions.last().is_none_or(|(t, _)| *t < time);
+        if let (Some(ttl), false) = (self.ttl, append) {
+            self.changes.clear();
+            history.changelog_of(lo..hi, ttl, -1, &mut self.changes);
+        }
         let versions = &mut history.versions;
-        let at = versions.partition_point(|(t, _)| *t <= time);
         let exact = at > 0 && versions[at - 1].0 == time;
         // The value on [time, next) before and after this upsert.
         let (old, new, next) = if diff > 0 {
@@ -413,11 +458,14 @@ impl<K: Key, V: Data + PartialEq> UpsertOp<K, V> {
         } else {
             return;
         };
-        if let (Some(before), Some(ttl)) = (before, self.ttl) {
-            let mut changes: Vec<(V, Timestamp, Diff)> = history.changelog(ttl);
-            changes.extend(before.into_iter().map(|(v, t, d)| (v, t, -d)));
-            consolidate_changes(&mut changes);
-            self.log.extend(changes.into_iter().map(|(v, t, d)| ((k.clone(), v), t, d)));
+        if let (Some(ttl), true) = (self.ttl, append) {
+            self.append_changelog(history, &k, time, ttl);
+        } else if let Some(ttl) = self.ttl {
+            // The window holds as many versions more, or fewer, as the upsert added.
+            let hi = (hi + history.versions.len()).saturating_sub(len).max(lo);
+            history.changelog_of(lo..hi, ttl, 1, &mut self.changes);
+            consolidate_changes(&mut self.changes);
+            self.log.extend(self.changes.drain(..).map(|(v, t, d)| ((k.clone(), v), t, d)));
         } else if old != new {
             let log = &mut self.log;
             let mut change = |value: Option<V>, t: Timestamp, d: Diff| {
@@ -432,19 +480,65 @@ impl<K: Key, V: Data + PartialEq> UpsertOp<K, V> {
                 change(old, next, 1);
             }
         }
-        let expires = self.ttl.and_then(|ttl| history.expires_from(ttl)).map(|e| self.lateness.release_at(e));
         match history.compact_from() {
             Some(from) => {
-                let at = self.lateness.release_at(from.saturating_add(1)).min(expires.unwrap_or(Timestamp::MAX));
+                let at = self.lateness.release_at(from.saturating_add(1));
                 self.due.bring_forward(&mut history.scheduled, at, &k);
             }
             None if history.versions.is_empty() => {
                 tables.remove(&k);
+                return;
             }
-            None => {
-                if let Some(at) = expires.filter(|at| *at < END_OF_TIME) {
-                    self.due.bring_forward(&mut history.scheduled, at, &k);
+            None => {}
+        }
+        self.schedule_expiry(history, &k);
+    }
+
+    /// With a time-to-live, the changelog of an upsert at `time` appended
+    /// after every other version of `history` (what
+    /// [`History::changelog_of`] gives for the last two versions, less what
+    /// it gave for the last one before): the previous value now ends at
+    /// `time` unless it had expired before, and the new one starts there
+    /// (and, with retractions, ends at its expiry).
+    fn append_changelog(&mut self, history: &History<V>, k: &K, time: Timestamp, ttl: StateTtl) {
+        let n = history.versions.len();
+        let new = history.versions[n - 1].1.as_ref();
+        let mut continues = false;
+        if let Some((before, Some(old))) = n.checked_sub(2).map(|i| &history.versions[i]) {
+            let expires = ttl.expires_at(*before);
+            let end_before = ttl.retracts().then_some(expires);
+            let end_after = if time < expires { Some(time) } else { end_before };
+            if end_before != end_after {
+                if let Some(end) = end_before {
+                    self.log.push(((k.clone(), old.clone()), end, 1));
                 }
+                match end_after {
+                    // The same value again: it goes on.
+                    Some(end) if end == time && new == Some(old) => continues = true,
+                    Some(end) => self.log.push(((k.clone(), old.clone()), end, -1)),
+                    None => {}
+                }
+            }
+        }
+        if let Some(new) = new {
+            if !continues {
+                self.log.push(((k.clone(), new.clone()), time, 1));
+            }
+            if ttl.retracts() {
+                self.log.push(((k.clone(), new.clone()), ttl.expires_at(time), -1));
+            }
+        }
+    }
+
+    /// With a time-to-live, makes sure key `k`'s expiry timer is due no later
+    /// than the time from which its history can be forgotten (an earlier
+    /// timer stays: when due, it finds the key refreshed and is set again).
+    fn schedule_expiry(&mut self, history: &mut History<V>, k: &K) {
+        let Some(ttl) = self.ttl else { return };
+        if let Some(at) = history.expires_from(ttl).map(|e| self.lateness.release_at(e)).filter(|at| *at < END_OF_TIME)
+        {
+            if history.expiring == Timestamp::MAX || at < history.expiring {
+                self.due.bring_forward(&mut history.expiring, at, k);
             }
         }
     }
@@ -462,10 +556,16 @@ impl<K: Key, V: Data + PartialEq> UpsertOp<K, V> {
         while let Some((time, keys)) = self.due.pop_due(watermark) {
             for k in keys {
                 let Some(history) = tables.get_mut(&k) else { continue };
-                if history.scheduled != time {
+                let (compacts, checks_expiry) = (history.scheduled == time, history.expiring == time);
+                if !compacts && !checks_expiry {
                     continue;
                 }
-                history.scheduled = Timestamp::MAX;
+                if compacts {
+                    history.scheduled = Timestamp::MAX;
+                }
+                if checks_expiry {
+                    history.expiring = Timestamp::MAX;
+                }
                 // With a TTL: a key whose last value has expired for every
                 // record that can still arrive is forgotten (what it stands
                 // for no longer changes; its retraction, if any, went out
@@ -480,12 +580,15 @@ impl<K: Key, V: Data + PartialEq> UpsertOp<K, V> {
                     tables.remove(&k);
                     continue;
                 }
-                let expires = expires.map(|e| self.lateness.release_at(e));
-                let from = history.compact_from().map(|from| self.lateness.release_at(from.saturating_add(1)));
-                if let Some(next) = [from, expires].into_iter().flatten().min().filter(|t| *t < END_OF_TIME) {
-                    history.scheduled = next.max(time.saturating_add(1));
-                    self.due.schedule(history.scheduled, k);
+                if history.scheduled == Timestamp::MAX {
+                    let from = history.compact_from().map(|from| self.lateness.release_at(from.saturating_add(1)));
+                    if let Some(next) = from.filter(|t| *t < END_OF_TIME) {
+                        history.scheduled = next.max(time.saturating_add(1));
+                        self.due.schedule(history.scheduled, k.clone());
+                    }
                 }
+                // Not expired yet: due after the watermark.
+                self.schedule_expiry(history, &k);
             }
         }
     }
@@ -501,10 +604,19 @@ impl<K, V> Default for Upserts<K, V> {
 }
 
 impl<K: Key, V: Data> OperatorState for Upserts<K, V> {
-    const SCHEMA: Schema = Schema::new("table.upsert", 1);
+    /// Version 2: each history with its expiry timer.
+    const SCHEMA: Schema = Schema::new("table.upsert", 2);
+    const MIGRATES_FROM: &'static [u32] = &[1];
     /// A key and its history.
     type Entry = (K, History<V>);
     type Prepared = ();
+
+    fn migrate(version: u32, bytes: &[u8]) -> Result<Self::Entry, StateError> {
+        debug_assert_eq!(version, 1);
+        let (k, v1): (K, HistoryV1<V>) = crate::checkpoint::decode(bytes)
+            .map_err(|e| StateError::Decode { schema: Schema::new("table.upsert", 1), reason: e.to_string() })?;
+        Ok((k, History { versions: v1.versions, scheduled: v1.scheduled, expiring: Timestamp::MAX }))
+    }
 
     fn keyed_states(&mut self, each: &mut dyn FnMut(&mut dyn AnyKeyedState)) {
         each(&mut self.0);
@@ -523,13 +635,37 @@ impl<K: Key, V: Data> OperatorState for Upserts<K, V> {
 
 /// Sums equal `(value, time)` changes and drops those that cancel.
 fn consolidate_changes<V: PartialEq>(changes: &mut Vec<(V, Timestamp, Diff)>) {
-    let mut out: Vec<(V, Timestamp, Diff)> = Vec::with_capacity(changes.len());
-    for (v, t, d) in changes.drain(..) {
-        match out.iter_mut().find(|(ov, ot, _)| *ot == t && *ov == v) {
-            Some(existing) => existing.2 += d,
-            None => out.push((v, t, d)),
+    // A handful of entries: each folded into the first equal one before it.
+    let mut kept = 0;
+    for i in 0..changes.len() {
+        match (0..kept).find(|&j| changes[j].1 == changes[i].1 && changes[j].0 == changes[i].0) {
+            Some(j) => changes[j].2 += changes[i].2,
+            None => {
+                changes.swap(kept, i);
+                kept += 1;
+            }
         }
     }
-    out.retain(|(_, _, d)| *d != 0);
-    *changes = out;
+    changes.truncate(kept);
+    changes.retain(|(_, _, d)| *d != 0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type State = Upserts<u32, char>;
+
+    /// A version 1 entry (no expiry timer) reads as one whose expiry timer
+    /// is set on restore; a broken one is a decode error, not a panic.
+    #[test]
+    fn version_1_entries_migrate() {
+        let versions: SmallVec<[(Timestamp, Option<char>); 1]> =
+            [(10, Some('a')), (20, Some('b'))].into_iter().collect();
+        let v1 = (7u32, HistoryV1 { versions: versions.clone(), scheduled: 21 });
+        let bytes = crate::checkpoint::encode(&v1).unwrap();
+        let (k, history) = State::migrate(1, &bytes).unwrap();
+        assert_eq!((k, history.versions, history.scheduled, history.expiring), (7, versions, 21, Timestamp::MAX));
+        assert!(matches!(State::migrate(1, &bytes[..3]), Err(StateError::Decode { .. })));
+    }
 }

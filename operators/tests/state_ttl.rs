@@ -643,3 +643,101 @@ fn expired_keyed_process_states_leave_the_checkpoint() {
     // Read until 1.895 s: key 150 is held too.
     assert_eq!(held(StateTtl::event_time(TTL).refresh(Refresh::OnReadAndWrite)), on_write + 1);
 }
+
+/// An upsert of one of two tables: `(left?, key, value or delete)`.
+type SideUp = (bool, u8, Option<u8>);
+/// A joined row: `(key, left value, right value)`, with its event time.
+type JoinedRow = ((u8, u8, u8), u64);
+
+/// Random upserts of both tables, as [`upserts`] makes them for one.
+fn side_upserts() -> impl Strategy<Value = Vec<Input<SideUp>>> {
+    (upserts(), upserts()).prop_map(|(left, right)| {
+        let mut out: Vec<Input<SideUp>> = left
+            .into_iter()
+            .map(|((k, v), t, d, a)| ((true, k, v), t, d, a))
+            .chain(right.into_iter().map(|((k, v), t, d, a)| ((false, k, v), t, d, a)))
+            .collect();
+        out.sort_by_key(|u| u.3);
+        out
+    })
+}
+
+/// The join of the two tables on their key, each value live from its
+/// upsert until the key's next upsert or until it expires: a row from when
+/// both values are live until either is not.
+fn joined_tables_model(input: &[Input<SideUp>], ttl: StateTtl) -> BTreeMap<JoinedRow, i64> {
+    let side = |left: bool| -> Vec<Input<Up>> {
+        input.iter().filter(|u| u.0 .0 == left).map(|((_, k, v), t, d, a)| ((*k, *v), *t, *d, *a)).collect()
+    };
+    // Each table's value of each key at every event time, from its changelog.
+    let values = |log: BTreeMap<Row, i64>| {
+        let mut changes: BTreeMap<(u8, u64), Vec<(u8, i64)>> = BTreeMap::new();
+        for (((k, v), t), d) in log {
+            changes.entry((k, t)).or_default().push((v, d));
+        }
+        changes
+    };
+    let (left, right) = (values(table_model(&side(true), ttl)), values(table_model(&side(false), ttl)));
+    let mut out: BTreeMap<JoinedRow, i64> = BTreeMap::new();
+    for key in 0..3u8 {
+        let (mut l, mut r): (BTreeMap<u8, i64>, BTreeMap<u8, i64>) = (BTreeMap::new(), BTreeMap::new());
+        let mut before: Vec<(u8, u8)> = Vec::new();
+        let last = left.keys().chain(right.keys()).filter(|(k, _)| *k == key).map(|(_, t)| *t).max().unwrap_or(0);
+        for at in 0..=last {
+            for (held, log) in [(&mut l, &left), (&mut r, &right)] {
+                for (v, d) in log.get(&(key, at)).into_iter().flatten() {
+                    *held.entry(*v).or_default() += d;
+                }
+                held.retain(|_, n| *n != 0);
+            }
+            let now: Vec<(u8, u8)> = l.keys().flat_map(|lv| r.keys().map(move |rv| (*lv, *rv))).collect();
+            for (lv, rv) in &before {
+                *out.entry(((key, *lv, *rv), at)).or_default() -= 1;
+            }
+            for (lv, rv) in &now {
+                *out.entry(((key, *lv, *rv), at)).or_default() += 1;
+            }
+            before = now;
+        }
+    }
+    out.retain(|_, d| *d != 0);
+    out
+}
+
+fn joined_tables() -> impl for<'s> Fn(&EventStream<'s, SideUp>) -> EventStream<'s, JoinedRow> + Send + Sync + 'static {
+    |upserts| {
+        let ttl = StateTtl::event_time(TTL).expiry(Expiry::Retract);
+        let table = |left: bool| {
+            upserts.filter(move |u: &SideUp| u.0 == left).map(|(_, k, v): SideUp| (k, v)).state_ttl(ttl).upsert().table
+        };
+        let joined = table(true).join(&table(false), |k, _| *k);
+        EventStream::new(joined.inner.map(|(((k, lv), (_, rv)), time, diff)| (((k, lv, rv), time), time, diff)))
+    }
+}
+
+fn by_time_joined(output: &Output<JoinedRow>) -> BTreeMap<JoinedRow, i64> {
+    let mut out = BTreeMap::new();
+    for ((row, _), diff) in output {
+        *out.entry(*row).or_default() += diff;
+    }
+    out.retain(|_, d| *d != 0);
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    /// A table–table join of two tables whose values expire with
+    /// retractions holds a row only while both values are live, and its
+    /// results are retracted when either expires.
+    #[test]
+    fn table_joins_of_expiring_tables_hold_only_live_rows(input in side_upserts(), cut in 1u64..2200, (before, after) in workers()) {
+        let ttl = StateTtl::event_time(TTL).expiry(Expiry::Retract);
+        let run = check_recovery(&input, cut, before, after, joined_tables());
+        prop_assert!(run.failures.is_empty(), "{:?}", run.failures);
+        prop_assert!(run.unsupported.is_empty(), "{:?}", run.unsupported);
+        let want = joined_tables_model(&input, ttl);
+        prop_assert_eq!(by_time_joined(&run.expected), want.clone());
+        prop_assert_eq!(by_time_joined(&run.recovered), want);
+    }
+}

@@ -58,6 +58,12 @@ impl<'scope, K: Key, V: Data + Ord> Table<'scope, K, V> {
     /// differential dataflow: a change on either side yields exactly the
     /// retractions and insertions of the affected result rows.
     ///
+    /// With tables whose values expire with retractions
+    /// ([`WithTtl::upsert`](crate::state::WithTtl::upsert) with
+    /// [`Expiry::Retract`](crate::state::Expiry::Retract)), a row lives
+    /// while both of its values do and the arrangements forget expired
+    /// values as they compact: the join's state is bounded by the TTL.
+    ///
     /// # Examples
     /// ```
     /// use highwater_operators::prelude::*;

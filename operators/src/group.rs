@@ -186,6 +186,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         KF: Fn(&D) -> K + 'static,
         A: Aggregate<D>,
     {
+        let ttl = crate::state::in_event_time(ttl, name);
         let agg = Rc::new(agg);
         let expiring = Expiring { ttl, expired };
         // With a TTL records are applied at their event times, one by one:

@@ -395,6 +395,7 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         B: Fn(&L, Timestamp) -> (Timestamp, Timestamp) + 'static,
         F: Fn(&L, &R) -> O + 'static,
     {
+        let ttl = crate::state::in_event_time(ttl, name);
         let key_left = Rc::new(key_left);
         let key_right = Rc::new(key_right);
         let (kl, kr) = (Rc::clone(&key_left), Rc::clone(&key_right));

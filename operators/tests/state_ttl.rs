@@ -15,7 +15,9 @@
 //! (its result retracted then, when expiry retracts) and started afresh by
 //! the next record. A user's keyed process: each key's state in order of
 //! arrival, gone before the first record that arrives after its last
-//! refresh plus the TTL, refreshed by writes (and reads, if asked).
+//! refresh plus the TTL, refreshed by writes (and reads, if asked); and on
+//! the wall clock, with real pauses. A table–table join of two expiring
+//! tables: a row while both values are live.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -740,4 +742,74 @@ proptest! {
         prop_assert_eq!(by_time_joined(&run.expected), want.clone());
         prop_assert_eq!(by_time_joined(&run.recovered), want);
     }
+}
+
+/// A processing-time TTL (Flink's) on a keyed process: a state untouched
+/// for longer than the TTL of wall-clock time is gone when its key comes
+/// back; reads keep it alive only when reads refresh. Real sleeps, with a
+/// wide margin: the TTL is 2 s, reads 0.5 s apart (kept), a key untouched
+/// for 3 s (gone).
+#[test]
+fn keyed_process_states_expire_on_the_wall_clock() {
+    use std::time::Duration;
+    use timely::dataflow::operators::{Input, Inspect, Probe};
+    use timely::dataflow::ProbeHandle;
+
+    let run = |refresh: Refresh| {
+        timely::execute_directly(move |worker| {
+            let probe = ProbeHandle::new();
+            let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::<(Sum, i64)>::new()));
+            let sink = seen.clone();
+            let (mut input, expired) = worker.dataflow::<u64, _, _>(|scope| {
+                let (input, deposits) = scope.new_input::<Vec<highwater_operators::Update<Deposit>>>();
+                let ttl = StateTtl::processing_time(2.secs()).refresh(refresh);
+                let sums = EventStream::new(deposits).state_ttl(ttl).process_keyed("Sums", |d: &Deposit| d.0, Sums);
+                sums.results
+                    .inner
+                    .inspect(move |(row, _t, d): &(Sum, u64, i64)| sink.borrow_mut().push((*row, *d)))
+                    .probe_with(&probe);
+                (input, sums.expired)
+            });
+            let mut time = 0;
+            let mut send = |input: &mut timely::dataflow::InputHandle<u64, _>, key: u8, value: u8| {
+                time += 1;
+                input.send(((key, value, time as u16), time, 1));
+                input.advance_to(time + 1);
+                while probe.less_than(&(time + 1)) {
+                    worker.step();
+                }
+            };
+            send(&mut input, 0, 5);
+            send(&mut input, 0, 7);
+            send(&mut input, 1, 1);
+            // Key 1 read every 0.5 s for 2.5 s; key 0 left alone.
+            for _ in 0..5 {
+                std::thread::sleep(Duration::from_millis(500));
+                send(&mut input, 1, 0);
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            send(&mut input, 0, 2);
+            send(&mut input, 1, 1);
+            drop(input);
+            while worker.step() {}
+            let seen = seen.borrow().clone();
+            (seen, expired.get())
+        })
+    };
+    // Each key's sum after its last write.
+    let last = |seen: &[(Sum, i64)], key: u8| {
+        seen.iter().rev().find(|((k, _, read), d)| *k == key && !read && *d > 0).map(|((_, s, _), _)| *s)
+    };
+    let (seen, expired) = run(Refresh::OnWrite);
+    assert_eq!(last(&seen, 0), Some(2), "key 0 expired after 3 s untouched: {seen:?}");
+    assert_eq!(last(&seen, 1), Some(1), "reads do not refresh: {seen:?}");
+    assert_eq!(expired, 2);
+    // The reads saw the state until it expired.
+    assert!(seen.iter().any(|((k, s, read), _)| *k == 1 && *s == 1 && *read), "{seen:?}");
+    let (seen, expired) = run(Refresh::OnReadAndWrite);
+    assert_eq!(last(&seen, 0), Some(2), "{seen:?}");
+    assert_eq!(last(&seen, 1), Some(2), "reads refresh: {seen:?}");
+    assert_eq!(expired, 1);
+    // Silent: nothing is retracted by the expiry itself.
+    assert_eq!(seen.iter().filter(|((k, s, _), d)| *k == 0 && *s == 12 && *d < 0).count(), 0, "{seen:?}");
 }

@@ -63,7 +63,8 @@ pub use stateful::{
     snapshot_without_keyed, GatedInput, InputOf, Managed, OutputOf, RestoredEntries, Stateful, StatefulBuilder,
 };
 pub use timers::Timers;
-pub use ttl::{Expiry, Refresh, StateTtl, WithTtl};
+pub(crate) use ttl::in_event_time;
+pub use ttl::{Clock, Expiry, Refresh, StateTtl, WithTtl};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;

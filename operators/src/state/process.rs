@@ -12,7 +12,7 @@ use serde::Serialize;
 use smallvec::SmallVec;
 
 use super::{
-    AnyKeyedState, KeyedState, OperatorState, Schema, Snapshot, StateError, StateTtl, Stateful, Timers, WithTtl,
+    AnyKeyedState, Clock, KeyedState, OperatorState, Schema, Snapshot, StateError, StateTtl, Stateful, Timers, WithTtl,
 };
 use crate::hold::Hold;
 use crate::key::{route, Data, Key};
@@ -443,11 +443,39 @@ impl<'scope, D: Data> EventStream<'scope, D> {
             // before it (see `KeyedProcess`).
             let mut arrived: BTreeMap<Timestamp, Vec<Update<D>>> = BTreeMap::new();
             let on_read = ttl.is_some_and(|t| t.refreshes_on_read());
+            // On the wall clock, expiry is checked when a key is touched and
+            // at every activation (the event-time order below is not its).
+            let wall = ttl.filter(|t| t.clock() == Clock::ProcessingTime);
             move |frontiers| {
                 if !state.home() {
                     return;
                 }
                 let st = state.get();
+                let now = wall.map(|_| wall_clock_ms());
+                if let (Some(ttl), Some(now)) = (wall, now) {
+                    while let Some((e, due)) = st.expiring.pop_due(now) {
+                        for k in due {
+                            let Some(mut entry) = st.keys.remove(&k) else { continue };
+                            let stamp = entry.stamp.ttl().expect("a time-to-live keeps stamps");
+                            if stamp.timer == e {
+                                stamp.timer = Timestamp::MAX;
+                                if entry.state.is_some() && stamp.written != Timestamp::MAX {
+                                    let expires = ttl.expires_at(stamp.written);
+                                    if expires > now {
+                                        st.expiring.bring_forward(&mut stamp.timer, expires, &k);
+                                    } else {
+                                        stamp.written = Timestamp::MAX;
+                                        entry.state = None;
+                                        expired.add(1);
+                                    }
+                                }
+                            }
+                            if entry.state.is_some() || !entry.timers.is_empty() {
+                                st.keys.insert(k, entry);
+                            }
+                        }
+                    }
+                }
                 let watermark = watermark_of(&frontiers[0]);
                 let mut output = output.activate();
                 input.for_each_stamp(|cap, data| {
@@ -466,7 +494,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                 // for the timers at `e`; the records that arrive at a timer's
                 // time come before it.
                 loop {
-                    let expiry_at = st.expiring.next().filter(|e| *e <= watermark);
+                    let expiry_at = st.expiring.next().filter(|e| wall.is_none() && *e <= watermark);
                     let records_at = arrived.first_key_value().map(|(t, _)| *t).filter(|t| *t <= watermark);
                     let timers_at = st.timers.next().filter(|t| *t < watermark);
                     let next = [(expiry_at, 0), (records_at, 1), (timers_at, 2)]
@@ -521,6 +549,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                                 // A cancelled timer (or one set again) is not due.
                                 if let Some(i) = entry.timers.iter().position(|x| *x == t) {
                                     entry.timers.remove(i);
+                                    expire_on_the_wall_clock(&mut entry, wall.zip(now), &expired);
                                     let mut ctx = entry.context(&k, &mut scheduled, &mut out, watermark);
                                     process.on_timer(&mut ctx, t);
                                     let refreshed = ctx.refreshes(on_read);
@@ -538,7 +567,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                                             &mut entry,
                                             &k,
                                             refreshed,
-                                            emit_at,
+                                            now.unwrap_or(emit_at),
                                             ttl,
                                             &mut st.expiring,
                                             &mut hold,
@@ -555,6 +584,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                             for (record, time, diff) in records {
                                 let k = key(&record);
                                 let mut entry = st.keys.remove(&k).unwrap_or_default();
+                                expire_on_the_wall_clock(&mut entry, wall.zip(now), &expired);
                                 let mut ctx = entry.context(&k, &mut scheduled, &mut out, watermark);
                                 process.on_record(&mut ctx, record, time, diff);
                                 let refreshed = ctx.refreshes(on_read);
@@ -569,7 +599,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                                         &mut entry,
                                         &k,
                                         refreshed,
-                                        time.max(at),
+                                        now.unwrap_or(time.max(at)),
                                         ttl,
                                         &mut st.expiring,
                                         &mut hold,
@@ -595,6 +625,27 @@ impl<'scope, D: Data> EventStream<'scope, D> {
             }
         });
         stream
+    }
+}
+
+/// The wall clock, in milliseconds since the epoch.
+fn wall_clock_ms() -> Timestamp {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as Timestamp)
+}
+
+/// With a processing-time TTL (and the wall clock's `now`): forgets the
+/// entry's state if it expired, before the function sees the key.
+fn expire_on_the_wall_clock<S, T: Stamp>(
+    entry: &mut KeyEntry<S, T>,
+    wall: Option<(StateTtl, Timestamp)>,
+    expired: &Counter,
+) {
+    let Some((ttl, now)) = wall else { return };
+    let stamp = entry.stamp.ttl().expect("a time-to-live keeps stamps");
+    if entry.state.is_some() && stamp.written != Timestamp::MAX && ttl.expires_at(stamp.written) <= now {
+        entry.state = None;
+        stamp.written = Timestamp::MAX;
+        expired.add(1);
     }
 }
 

@@ -48,6 +48,19 @@ pub enum Refresh {
     OnReadAndWrite,
 }
 
+/// Which clock a time-to-live runs on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Clock {
+    /// Event time: an entry expires when the watermark passes its last
+    /// refresh plus the TTL; the same on any layout and after recovery.
+    #[default]
+    EventTime,
+    /// Processing time (Flink's `StateTtlConfig`): an entry expires when the
+    /// wall clock passes its last refresh plus the TTL, so what is kept
+    /// depends on how fast the job ran. Silent only.
+    ProcessingTime,
+}
+
 /// A time-to-live for the state of an operator that no watermark releases.
 ///
 /// Given to an operator with [`EventStream::state_ttl`](crate::EventStream::state_ttl):
@@ -65,13 +78,43 @@ pub struct StateTtl {
     expiry: Expiry,
     #[serde(default)]
     refresh: Refresh,
+    #[serde(default)]
+    clock: Clock,
 }
 
 impl StateTtl {
     /// Entries live for `ttl` of event time after their last write, and are
     /// forgotten silently ([`Expiry::Silent`]).
     pub fn event_time(ttl: impl IntoMillis) -> Self {
-        StateTtl { ttl: ttl.into_millis(), expiry: Expiry::Silent, refresh: Refresh::OnWrite }
+        StateTtl { ttl: ttl.into_millis(), expiry: Expiry::Silent, refresh: Refresh::OnWrite, clock: Clock::EventTime }
+    }
+
+    /// Entries live for `ttl` of wall-clock time after their last refresh
+    /// (Flink's `StateTtlConfig` in the DataStream API), forgotten silently:
+    /// an expired entry is never seen again, and it is removed when its key
+    /// is next touched or when the operator next runs after its expiry (as
+    /// Flink cleans up lazily). What is kept then depends on how fast the
+    /// job ran, and a recovered job may keep other entries than an
+    /// uninterrupted one; prefer [`event_time`](Self::event_time). Taken by
+    /// [`WithTtl::process_keyed`](crate::state::WithTtl::process_keyed) (user
+    /// state, where Flink's processing-time TTL applies); the built-in
+    /// operators expire in event time only (given this, they expire silently
+    /// in event time, and log a warning). [`Expiry::Retract`] is ignored on
+    /// this clock (there is no event time to retract at).
+    ///
+    /// ```
+    /// use highwater_operators::prelude::*;
+    /// use highwater_operators::state::{Clock, StateTtl};
+    /// let ttl = StateTtl::processing_time(30.minutes());
+    /// assert_eq!((ttl.clock(), ttl.millis()), (Clock::ProcessingTime, 1_800_000));
+    /// ```
+    pub fn processing_time(ttl: impl IntoMillis) -> Self {
+        StateTtl { clock: Clock::ProcessingTime, ..StateTtl::event_time(ttl) }
+    }
+
+    /// The clock the time-to-live runs on.
+    pub fn clock(&self) -> Clock {
+        self.clock
     }
 
     /// Which accesses restart an entry's time-to-live (writes only unless
@@ -102,9 +145,9 @@ impl StateTtl {
         self.expiry
     }
 
-    /// Whether expiry retracts results ([`Expiry::Retract`]).
+    /// Whether expiry retracts results ([`Expiry::Retract`], in event time).
     pub fn retracts(&self) -> bool {
-        self.expiry == Expiry::Retract
+        self.expiry == Expiry::Retract && self.clock == Clock::EventTime
     }
 
     /// Makes this the default time-to-live of the computations run with
@@ -145,6 +188,21 @@ impl StateTtl {
     pub fn expires_at(&self, written: Timestamp) -> Timestamp {
         written.saturating_add(self.ttl).saturating_add(1)
     }
+}
+
+/// For the built-in operators, which expire in event time only: a
+/// processing-time TTL given to one runs in event time, and says so.
+pub(crate) fn in_event_time(ttl: Option<StateTtl>, operator: &str) -> Option<StateTtl> {
+    let ttl = ttl?;
+    if ttl.clock == Clock::ProcessingTime {
+        tracing::warn!(
+            operator,
+            ttl_ms = ttl.ttl,
+            "a processing-time state TTL runs in event time here: only keyed processes expire in processing time"
+        );
+        return Some(StateTtl { clock: Clock::EventTime, expiry: Expiry::Silent, ..ttl });
+    }
+    Some(ttl)
 }
 
 /// The key under which a computation's default [`StateTtl`] sits in the

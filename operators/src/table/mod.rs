@@ -230,6 +230,7 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
     }
 
     fn upsert_with(&self, lateness: AllowedLateness, ttl: Option<StateTtl>) -> Upserted<'scope, K, V> {
+        let ttl = crate::state::in_event_time(ttl, "Upsert");
         let stateful = Stateful::<Upserts<K, V>>::new("Upsert", &self.scope());
         let gated = stateful.keyed_input(self, |u: &Update<(K, Option<V>)>| route(&(u.0).0));
         let mut builder = stateful.builder(&self.scope());

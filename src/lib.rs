@@ -35,6 +35,8 @@ pub mod job;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod latency;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 #[cfg(feature = "mqtt")]
 pub mod mqtt;
 pub mod nexmark;

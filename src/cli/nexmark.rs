@@ -151,6 +151,10 @@ pub(super) struct NexmarkArgs {
     /// Print a progress line every second.
     #[arg(long)]
     progress: bool,
+    /// Serve the job's Prometheus metrics at `http://ADDR/metrics` while it
+    /// runs (e.g. `127.0.0.1:9464`; port 0 picks one, printed on stderr).
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
     /// Measure latency and print its percentiles at the end: from the
     /// instant a source read a record to the instant the sink emitted an
     /// update at its event time, and from the instant the watermark passed
@@ -561,6 +565,18 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     let sinks: Arc<std::sync::Mutex<(Vec<SinkHandle>, Vec<SinkHandle>)>> = Default::default();
     let started = Instant::now();
     let progress = args.progress.then(|| Progress::start(gauges.clone(), started));
+    let metrics = match args.metrics_addr {
+        Some(addr) => {
+            let metrics = crate::metrics::JobMetrics::new(job.totals())
+                .in_flight(job.in_flight())
+                .watermark(Arc::clone(&gauges.watermark));
+            let server = crate::metrics::serve_metrics(addr, metrics)
+                .with_context(|| format!("serving the metrics at {addr}"))?;
+            eprintln!("metrics at http://{}/metrics", server.local_addr());
+            Some(server)
+        }
+        None => None,
+    };
     let (query, output, discard, dead_path) =
         (args.query, args.output.clone(), args.discard, args.dead_letters.clone());
     let source_only = args.source_only;
@@ -679,6 +695,7 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
         Ok(())
     });
     drop(progress);
+    drop(metrics);
     let report = report.map_err(|e| match e {
         JobError::Checkpoint(e) => anyhow::Error::new(e).context("checkpointing"),
         JobError::Unfinished => anyhow::anyhow!("the job ended without writing its final checkpoint"),

@@ -296,7 +296,11 @@ mod tests {
         latency.emitted(&[100]);
         let report = latency.report();
         assert!(report.since_read.max >= Duration::from_millis(30), "from worker 0's read: {report}");
-        assert!(report.since_read.max <= first.elapsed(), "{report}");
+        // The histograms keep 3 significant digits: a value reads back as
+        // the top of its bucket, up to 0.1 % above what was recorded (a CI
+        // run read 30 097.4 µs back for a measurement shorter than that).
+        let elapsed = first.elapsed();
+        assert!(report.since_read.max <= elapsed + elapsed / 500, "{report}");
     }
 
     #[test]

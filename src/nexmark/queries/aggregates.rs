@@ -5,7 +5,7 @@ use std::cmp::Reverse;
 use highwater_operators::key::Key;
 use highwater_operators::prelude::*;
 
-use super::format::{utc_hour_minute, Row};
+use super::format::{utc_hour_minute, Row, BID_COLUMNS};
 use super::{bids, QueryKind, QueryOptions, QueryOutput};
 use crate::nexmark::model::{Bid, Event};
 
@@ -190,28 +190,8 @@ pub(super) fn q18<'scope>(events: &EventStream<'scope, Event>, options: &QueryOp
         MaxBy::append_only(|b: &Bid| (b.date_time, b.price, b.extra.clone())),
         options,
     )
-    .flat_map(move |(_, latest)| {
-        latest
-            .into_iter()
-            .map(move |b| {
-                fmt.row()
-                    .int(b.auction)
-                    .int(b.bidder)
-                    .int(b.price)
-                    .str(&b.channel)
-                    .str(&b.url)
-                    .int(b.date_time)
-                    .str(&b.extra)
-                    .done()
-            })
-            .collect::<Vec<_>>()
-    });
-    QueryOutput {
-        header: &["auction", "bidder", "price", "channel", "url", "dateTime", "extra"],
-        rows,
-        kind: QueryKind::Updating,
-        late: Vec::new(),
-    }
+    .flat_map(move |(_, latest)| latest.into_iter().map(move |b| fmt.row().bid(&b).done()).collect::<Vec<_>>());
+    QueryOutput { header: &BID_COLUMNS, rows, kind: QueryKind::Updating, late: Vec::new() }
 }
 
 /// Per auction, its ten highest bids with their rank.

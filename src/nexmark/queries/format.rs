@@ -62,6 +62,9 @@ impl RowFormat {
     }
 }
 
+/// The header of a bid's columns ([`Row::bid`]).
+pub(super) const BID_COLUMNS: [&str; 7] = ["auction", "bidder", "price", "channel", "url", "dateTime", "extra"];
+
 /// Builds a CSV line from fields.
 pub(super) struct Row {
     line: String,
@@ -111,6 +114,10 @@ impl Row {
     }
     pub(super) fn float(self, v: f64) -> Self {
         self.int(v)
+    }
+    /// A bid's columns ([`BID_COLUMNS`]), as q0 gives them.
+    pub(super) fn bid(self, b: &crate::nexmark::Bid) -> Self {
+        self.int(b.auction).int(b.bidder).int(b.price).str(&b.channel).str(&b.url).int(b.date_time).str(&b.extra)
     }
     pub(super) fn done(self) -> String {
         self.line

@@ -100,13 +100,7 @@ pub(super) fn q20<'scope>(events: &EventStream<'scope, Event>, options: &QueryOp
         |a: &Auction| a.id,
         move |b, a| {
             fmt.row()
-                .int(b.auction)
-                .int(b.bidder)
-                .int(b.price)
-                .str(&b.channel)
-                .str(&b.url)
-                .int(b.date_time)
-                .str(&b.extra)
+                .bid(b)
                 .str(&a.item_name)
                 .str(&a.description)
                 .int(a.initial_bid)

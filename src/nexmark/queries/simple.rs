@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::format::{utc_day, utc_hour_minute};
+use super::format::{utc_day, utc_hour_minute, BID_COLUMNS};
 use super::{bids, default_side_input, QueryKind, QueryOptions, QueryOutput};
 use crate::nexmark::model::{Bid, Event};
 use highwater_operators::EventStream;
@@ -14,18 +14,8 @@ fn append<'scope>(header: &'static [&'static str], rows: EventStream<'scope, Str
 /// Every bid, unchanged.
 pub(super) fn q0<'scope>(events: &EventStream<'scope, Event>, options: &QueryOptions) -> QueryOutput<'scope> {
     let fmt = options.format();
-    let rows = bids(events).map(move |b: Bid| {
-        fmt.row()
-            .int(b.auction)
-            .int(b.bidder)
-            .int(b.price)
-            .str(&b.channel)
-            .str(&b.url)
-            .int(b.date_time)
-            .str(&b.extra)
-            .done()
-    });
-    append(&["auction", "bidder", "price", "channel", "url", "dateTime", "extra"], rows)
+    let rows = bids(events).map(move |b: Bid| fmt.row().bid(&b).done());
+    append(&BID_COLUMNS, rows)
 }
 
 /// Every bid with its price in euros.

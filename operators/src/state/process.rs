@@ -438,6 +438,8 @@ impl<'scope, D: Data> EventStream<'scope, D> {
             drop(initial);
             let mut out: Vec<(P::Output, Timestamp, Diff)> = Vec::new();
             let mut scheduled: Vec<Timestamp> = Vec::new();
+            // What `on_expire` emits for a state found expired by a record.
+            let mut retracted: Vec<(P::Output, Timestamp, Diff)> = Vec::new();
             // Records by arrival, each time promised in the hold: handed over
             // once the watermark reaches their arrival, after every timer
             // before it (see `KeyedProcess`).
@@ -494,7 +496,11 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                 // for the timers at `e`; the records that arrive at a timer's
                 // time come before it.
                 loop {
-                    let expiry_at = st.expiring.next().filter(|e| wall.is_none() && *e <= watermark);
+                    // An expiry at `e` once the watermark has passed it (a cut at
+                    // `e` holds the state; the retraction at `e` comes after it);
+                    // a record that arrives at `e` before that finds the state
+                    // expired (below).
+                    let expiry_at = st.expiring.next().filter(|e| wall.is_none() && *e < watermark);
                     let records_at = arrived.first_key_value().map(|(t, _)| *t).filter(|t| *t <= watermark);
                     let timers_at = st.timers.next().filter(|t| *t < watermark);
                     let next = [(expiry_at, 0), (records_at, 1), (timers_at, 2)]
@@ -585,6 +591,30 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                                 let k = key(&record);
                                 let mut entry = st.keys.remove(&k).unwrap_or_default();
                                 expire_on_the_wall_clock(&mut entry, wall.zip(now), &expired);
+                                if let Some(ttl) = ttl.filter(|_| wall.is_none()) {
+                                    // Expired at or before this record's arrival, while the
+                                    // watermark is at that expiry.
+                                    let stamp = entry.stamp.ttl().expect("a time-to-live keeps stamps");
+                                    let expires = ttl.expires_at(stamp.written);
+                                    if entry.state.is_some() && stamp.written != Timestamp::MAX && expires <= at {
+                                        stamp.written = Timestamp::MAX;
+                                        if ttl.retracts() {
+                                            let mut ctx = entry.context(&k, &mut scheduled, &mut retracted, watermark);
+                                            process.on_expire(&mut ctx, expires);
+                                            for later in scheduled.drain(..) {
+                                                let emit_at = later.max(expires);
+                                                hold.promise(emit_at);
+                                                st.timers.schedule(later, (k.clone(), emit_at));
+                                            }
+                                            if !retracted.is_empty() {
+                                                output.session(&hold.at(expires)).give_iterator(retracted.drain(..));
+                                            }
+                                            hold.remove(expires);
+                                        }
+                                        entry.state = None;
+                                        expired.add(1);
+                                    }
+                                }
                                 let mut ctx = entry.context(&k, &mut scheduled, &mut out, watermark);
                                 process.on_record(&mut ctx, record, time, diff);
                                 let refreshed = ctx.refreshes(on_read);

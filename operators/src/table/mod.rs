@@ -53,7 +53,7 @@ mod serve;
 
 pub use as_of::AsOfJoined;
 pub use join::{FullJoined, LeftJoined};
-pub use serve::TableReader;
+pub use serve::{AsOfError, ReadHold, TableRead, TableReader, Timeline};
 
 use differential_dataflow::operators::arrange::{Arranged, TraceAgent};
 use differential_dataflow::trace::implementations::ValSpine;

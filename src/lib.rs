@@ -40,6 +40,8 @@ pub mod metrics;
 #[cfg(feature = "mqtt")]
 pub mod mqtt;
 pub mod nexmark;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod sink;
 pub mod source;
 pub mod totals;

@@ -178,6 +178,14 @@ fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
+/// A JSON answer, or the error's status and JSON body.
+fn respond(answer: Result<Value, ViewError>) -> Response {
+    match answer {
+        Ok(body) => ok(body),
+        Err(e) => e.into_response(),
+    }
+}
+
 fn ok(body: Value) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
@@ -245,10 +253,7 @@ async fn list(
     }
     let views = &shared.views;
     if let Some(names) = params.get("names") {
-        return match batch(views, names, params.get("keys"), &params) {
-            Ok(body) => ok(body),
-            Err(e) => e.into_response(),
-        };
+        return respond(batch(views, names, params.get("keys"), &params));
     }
     let list: Vec<Value> = views
         .all()
@@ -310,10 +315,7 @@ async fn point(
         let key = serde_json::from_str::<Value>(&key).unwrap_or(Value::String(key.clone()));
         Ok::<_, ViewError>(json!({ "key": key, "value": value, "as_of": as_of, "watermark": watermark }))
     })();
-    match answer {
-        Ok(body) => ok(body),
-        Err(e) => e.into_response(),
-    }
+    respond(answer)
 }
 
 async fn scan(
@@ -345,10 +347,7 @@ async fn scan(
         let (as_of, watermark) = times(&hold, view.watermark());
         Ok::<_, ViewError>(json!({ "as_of": as_of, "watermark": watermark, "rows": rows }))
     })();
-    match answer {
-        Ok(body) => ok(body),
-        Err(e) => e.into_response(),
-    }
+    respond(answer)
 }
 
 async fn subscribe(

@@ -42,6 +42,13 @@ if [ ! -x /usr/sbin/mosquitto ]; then
     apt_install mosquitto
 fi
 
+# A real browser for the status page test (tests/status_page.rs): Debian's
+# chromium, run headless.
+if ! command -v chromium >/dev/null 2>&1; then
+    log "installing chromium (the status page test renders the page headless)"
+    apt_install chromium
+fi
+
 # OpenSSL headers for the build (S3 checkpoint store).
 source scripts/setup.sh
 

@@ -44,6 +44,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use crate::activity::Activity;
 use crate::checkpoint::{CheckpointConfig, CheckpointError, Checkpoints};
 use crate::cluster::{checkpoint_membership, config_from_args, ClusterError, StartError};
 pub use crate::failures::Failures;
@@ -125,6 +126,8 @@ pub struct Job {
     alignment: Alignment,
     latency: Option<Latency>,
     totals: Totals,
+    activity: Option<Activity>,
+    checkpoint_stats: crate::checkpoint::CheckpointStats,
 }
 
 impl std::fmt::Debug for Job {
@@ -146,7 +149,18 @@ impl Job {
         let alignment = Alignment::configure(&mut config);
         let totals = Totals::default();
         totals.configure(&mut config.worker);
-        Job { config, checkpoints: None, coordinator: None, verify: None, in_flight, alignment, latency: None, totals }
+        Job {
+            config,
+            checkpoints: None,
+            coordinator: None,
+            verify: None,
+            in_flight,
+            alignment,
+            latency: None,
+            totals,
+            activity: None,
+            checkpoint_stats: Default::default(),
+        }
     }
 
     /// A job on the layout timely's arguments describe: `-w` workers per
@@ -225,6 +239,28 @@ impl Job {
         self
     }
 
+    /// Observes what each operator does ([`crate::activity`]): its
+    /// activations, time busy and records between workers, from timely's
+    /// event log, for the metrics and the status page. Read it through
+    /// [`activity`](Self::activity).
+    pub fn observing(mut self) -> Self {
+        self.activity.get_or_insert_with(Activity::default);
+        self
+    }
+
+    /// What the job's operators do in this process, if it observes them
+    /// ([`observing`](Self::observing)).
+    pub fn activity(&self) -> Option<Activity> {
+        self.activity.clone()
+    }
+
+    /// What the job's checkpoints did in this process (written, failed, the
+    /// latest one's duration and size), for the metrics and the status
+    /// page; counts nothing if the job is not checkpointed.
+    pub fn checkpoint_stats(&self) -> crate::checkpoint::CheckpointStats {
+        self.checkpoint_stats.clone()
+    }
+
     /// The job's latency measurement, if it measures
     /// ([`measuring_latency`](Self::measuring_latency)).
     pub fn latency(&self) -> Option<Latency> {
@@ -261,7 +297,18 @@ impl Job {
         E: std::fmt::Display,
         F: Fn(&mut timely::worker::Worker) -> Result<T, E> + Send + Sync + 'static,
     {
-        let Job { mut config, checkpoints, coordinator, verify, in_flight, alignment, latency: _, totals } = self;
+        let Job {
+            mut config,
+            checkpoints,
+            coordinator,
+            verify,
+            in_flight,
+            alignment,
+            latency: _,
+            totals,
+            activity,
+            checkpoint_stats,
+        } = self;
         let checkpoints = match checkpoints {
             Some(ck) => Some(match checkpoint_membership(&config, coordinator.as_deref())? {
                 Some(membership) => Checkpoints::open_member(ck, membership)?,
@@ -269,6 +316,9 @@ impl Job {
             }),
             None => None,
         };
+        if let Some(ck) = checkpoints.as_ref() {
+            ck.report_to(checkpoint_stats);
+        }
         if let (Some(ck), Some(verify)) = (checkpoints.as_ref(), verify) {
             verify(ck).map_err(JobError::Verify)?;
         }
@@ -301,6 +351,9 @@ impl Job {
                 }
                 JobError::Worker { worker: index, error }
             };
+            if let Some(activity) = activity.as_ref() {
+                activity.install(worker);
+            }
             let output = match build(worker) {
                 Ok(output) => output,
                 Err(e) => {

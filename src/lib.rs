@@ -19,6 +19,7 @@
 #![forbid(missing_docs)]
 
 mod abort;
+pub mod activity;
 mod board;
 pub mod cdc;
 pub mod cep;

@@ -16,6 +16,22 @@
 //! | `highwater_watermark_seconds` | gauge | (the output watermark, seconds since the epoch) |
 //! | `highwater_watermark_lag_seconds` | gauge | (the wall clock minus the watermark) |
 //! | `highwater_in_flight_records` | gauge | (between this process's workers) |
+//! | `highwater_source_watermark_seconds` | gauge | `source` (its active partitions' earliest watermark) |
+//! | `highwater_source_watermark_lag_seconds` | gauge | `source` (the wall clock minus it) |
+//! | `highwater_operator_activations_total` | counter | `operator`, `address` |
+//! | `highwater_operator_busy_seconds_total` | counter | `operator`, `address` |
+//! | `highwater_operator_records_received_total` | counter | `operator`, `address` |
+//! | `highwater_operator_records_sent_total` | counter | `operator`, `address` |
+//! | `highwater_checkpoints_total` | counter | `outcome` (`completed`, `failed`) |
+//! | `highwater_checkpoint_written_bytes_total` | counter | |
+//! | `highwater_checkpoint_duration_seconds` | gauge | (the latest checkpoint's) |
+//! | `highwater_checkpoint_state_bytes` | gauge | (the latest checkpoint's) |
+//! | `highwater_checkpoint_age_seconds` | gauge | (since the latest checkpoint) |
+//!
+//! The per-source gauges need the job's [`Alignment`]
+//! ([`JobMetrics::alignment`]), the per-operator counters its
+//! [`Activity`] ([`Job::observing`](crate::Job::observing)), the checkpoint
+//! metrics its [`CheckpointStats`] ([`Job::checkpoint_stats`](crate::Job::checkpoint_stats)).
 //!
 //! The counters are this process's ([`Totals::local`]); a job on several
 //! processes is scraped at each, as Prometheus does with any fleet.
@@ -41,7 +57,10 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
+use crate::activity::Activity;
+use crate::checkpoint::CheckpointStats;
 use crate::operators::END_OF_TIME;
+use crate::source::Alignment;
 use crate::totals::Totals;
 
 /// What a job's metrics are read from.
@@ -50,12 +69,20 @@ pub struct JobMetrics {
     totals: Totals,
     in_flight: Option<InFlight>,
     watermark: Option<Arc<AtomicU64>>,
+    alignment: Option<Alignment>,
+    activity: Option<Activity>,
+    checkpoints: Option<CheckpointStats>,
+}
+
+/// Seconds since the epoch, now.
+fn now_seconds() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
 impl JobMetrics {
     /// The metrics of the job whose counters are `totals` ([`Job::totals`](crate::Job::totals)).
     pub fn new(totals: Totals) -> Self {
-        JobMetrics { totals, in_flight: None, watermark: None }
+        JobMetrics { totals, in_flight: None, watermark: None, alignment: None, activity: None, checkpoints: None }
     }
 
     /// With the records in flight between the process's workers ([`Job::in_flight`](crate::Job::in_flight)).
@@ -69,6 +96,92 @@ impl JobMetrics {
     pub fn watermark(mut self, watermark: Arc<AtomicU64>) -> Self {
         self.watermark = Some(watermark);
         self
+    }
+
+    /// With each source's watermark ([`Job::alignment`](crate::Job::alignment)).
+    pub fn alignment(mut self, alignment: Alignment) -> Self {
+        self.alignment = Some(alignment);
+        self
+    }
+
+    /// With what each operator does ([`Job::activity`](crate::Job::activity)).
+    pub fn activity(mut self, activity: Activity) -> Self {
+        self.activity = Some(activity);
+        self
+    }
+
+    /// With what the checkpoints did ([`Job::checkpoint_stats`](crate::Job::checkpoint_stats)).
+    pub fn checkpoints(mut self, checkpoints: CheckpointStats) -> Self {
+        self.checkpoints = Some(checkpoints);
+        self
+    }
+
+    /// The output watermark in milliseconds, once there is one (not at
+    /// the end of input).
+    fn output_watermark(&self) -> Option<u64> {
+        self.watermark.as_ref().map(|w| w.load(Ordering::Relaxed)).filter(|w| *w != 0 && *w != END_OF_TIME)
+    }
+
+    /// Each source's watermark in milliseconds (`None`: all its partitions rest).
+    fn source_watermarks(&self) -> Vec<(String, Option<u64>)> {
+        let Some(alignment) = &self.alignment else { return Vec::new() };
+        alignment.sources().into_iter().map(|(source, span)| (source, span.map(|(lo, _)| lo))).collect()
+    }
+
+    /// What the status page shows, as JSON: the counters, sources with
+    /// their records, dead letters and watermarks, operators, checkpoints,
+    /// the watermark and its lag, the records in flight, and the wall
+    /// clock the numbers were read at.
+    pub fn status(&self) -> serde_json::Value {
+        use serde_json::json;
+        let totals = self.totals.local();
+        let now = now_seconds();
+        let counter = |name: &str| totals.get(name).copied().unwrap_or(0);
+        let mut sources: std::collections::BTreeMap<String, serde_json::Value> = Default::default();
+        for name in totals.keys() {
+            if let Some(source) = name.strip_suffix(".records") {
+                sources.insert(
+                    source.to_owned(),
+                    json!({
+                        "name": source,
+                        "records": counter(name),
+                        "dead_letters": counter(&format!("{source}.dead_letters")),
+                        "late": counter(&format!("{source}.late_read")),
+                        "throttled_seconds": counter(&format!("{source}.throttled_us")) as f64 / 1e6,
+                    }),
+                );
+            }
+        }
+        for (source, watermark) in self.source_watermarks() {
+            let entry = sources.entry(source.clone()).or_insert_with(|| json!({ "name": source }));
+            entry["watermark"] = json!(watermark);
+            entry["lag_seconds"] = json!(watermark.map(|w| now - w as f64 / 1e3));
+        }
+        let sum = |suffix: &str| totals.iter().filter(|(n, _)| n.ends_with(suffix)).map(|(_, v)| v).sum::<u64>();
+        let watermark = self.output_watermark();
+        json!({
+            "now": now,
+            "watermark": watermark,
+            "lag_seconds": watermark.map(|w| now - w as f64 / 1e3),
+            "in_flight": self.in_flight.as_ref().map(|f| f.records()),
+            "records": sum(".records"),
+            "dead_letters": sum(".dead_letters"),
+            "late": sum(".late") + sum(".late_read"),
+            "expired": sum(".expired"),
+            "sources": sources.into_values().collect::<Vec<_>>(),
+            "operators": self.activity.as_ref().map(Activity::operators).unwrap_or_default(),
+            "checkpoints": self.checkpoints.as_ref().map(|c| {
+                let counts = c.read();
+                json!({
+                    "completed": counts.completed,
+                    "failed": counts.failed,
+                    "bytes_written": counts.bytes_written,
+                    "last": counts.last,
+                    "age_seconds": c.age().map(|a| a.as_secs_f64()),
+                })
+            }),
+            "counters": totals,
+        })
     }
 
     /// The metrics in the text exposition format.
@@ -120,6 +233,12 @@ fn classify(name: &str) -> (Named<'_>, bool) {
     (Named::Other(name), false)
 }
 
+/// One gauge without labels.
+fn gauge(encoder: &mut DescriptorEncoder<'_>, name: &str, help: &str, value: f64) -> Result<(), std::fmt::Error> {
+    let gauge = ConstGauge::new(value);
+    gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)
+}
+
 impl Collector for JobMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         // Each metric family once, with every label set of it.
@@ -147,25 +266,93 @@ impl Collector for JobMetrics {
                 }
             }
         }
-        if let Some(watermark) = self.watermark.as_ref().map(|w| w.load(Ordering::Relaxed)) {
-            if watermark != 0 && watermark != END_OF_TIME {
-                let seconds = watermark as f64 / 1e3;
-                let gauge = ConstGauge::new(seconds);
-                gauge.encode(encoder.encode_descriptor(
-                    "highwater_watermark_seconds",
-                    "The output watermark, in seconds since the epoch.",
-                    None,
-                    gauge.metric_type(),
-                )?)?;
-                let now =
-                    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-                let lag = ConstGauge::new(now - seconds);
-                lag.encode(encoder.encode_descriptor(
-                    "highwater_watermark_lag_seconds",
-                    "How far the output watermark is behind the wall clock.",
-                    None,
-                    lag.metric_type(),
-                )?)?;
+        if let Some(watermark) = self.output_watermark() {
+            let seconds = watermark as f64 / 1e3;
+            gauge(
+                &mut encoder,
+                "highwater_watermark_seconds",
+                "The output watermark, in seconds since the epoch.",
+                seconds,
+            )?;
+            gauge(
+                &mut encoder,
+                "highwater_watermark_lag_seconds",
+                "How far the output watermark is behind the wall clock.",
+                now_seconds() - seconds,
+            )?;
+        }
+        let sources: Vec<(String, f64)> =
+            self.source_watermarks().into_iter().filter_map(|(s, w)| Some((s, w? as f64 / 1e3))).collect();
+        if !sources.is_empty() {
+            let now = now_seconds();
+            for (metric, help, lag) in [
+                (
+                    "highwater_source_watermark_seconds",
+                    "A source's watermark (its active partitions' earliest).",
+                    false,
+                ),
+                (
+                    "highwater_source_watermark_lag_seconds",
+                    "How far a source's watermark is behind the wall clock.",
+                    true,
+                ),
+            ] {
+                let mut family =
+                    encoder.encode_descriptor(metric, help, None, prometheus_client::metrics::MetricType::Gauge)?;
+                for (source, seconds) in &sources {
+                    let value = if lag { now - seconds } else { *seconds };
+                    ConstGauge::new(value).encode(family.encode_family(&[("source", source.as_str())])?)?;
+                }
+            }
+        }
+        if let Some(activity) = &self.activity {
+            let operators = activity.operators();
+            type Read = fn(&crate::activity::OperatorActivity) -> f64;
+            let families: [(&str, &str, Read); 4] = [
+                ("highwater_operator_activations", "Times an operator was scheduled.", |o| o.activations as f64),
+                ("highwater_operator_busy_seconds", "Time spent in an operator.", |o| o.busy_seconds),
+                ("highwater_operator_records_received", "Records an operator received over its channels.", |o| {
+                    o.records_in as f64
+                }),
+                ("highwater_operator_records_sent", "Records an operator sent over its channels.", |o| {
+                    o.records_out as f64
+                }),
+            ];
+            for (metric, help, read) in families {
+                let mut family =
+                    encoder.encode_descriptor(metric, help, None, prometheus_client::metrics::MetricType::Counter)?;
+                for op in &operators {
+                    let labels = [("operator", op.name.as_str()), ("address", op.address.as_str())];
+                    ConstCounter::new(read(op)).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        if let Some(checkpoints) = &self.checkpoints {
+            let counts = checkpoints.read();
+            let mut family = encoder.encode_descriptor(
+                "highwater_checkpoints",
+                "Checkpoints written or failed in this process.",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            ConstCounter::new(counts.completed).encode(family.encode_family(&[("outcome", "completed")])?)?;
+            ConstCounter::new(counts.failed).encode(family.encode_family(&[("outcome", "failed")])?)?;
+            let written = ConstCounter::new(counts.bytes_written);
+            written.encode(encoder.encode_descriptor(
+                "highwater_checkpoint_written_bytes",
+                "Bytes written by checkpoints.",
+                None,
+                written.metric_type(),
+            )?)?;
+            if let Some(last) = &counts.last {
+                let help = "The latest checkpoint's time from its cut to its manifest.";
+                gauge(&mut encoder, "highwater_checkpoint_duration_seconds", help, last.duration_seconds)?;
+                let help = "The state the latest checkpoint holds.";
+                gauge(&mut encoder, "highwater_checkpoint_state_bytes", help, last.state_bytes as f64)?;
+            }
+            if let Some(age) = checkpoints.age() {
+                let help = "Time since the latest checkpoint was written.";
+                gauge(&mut encoder, "highwater_checkpoint_age_seconds", help, age.as_secs_f64())?;
             }
         }
         if let Some(in_flight) = &self.in_flight {
@@ -182,67 +369,19 @@ impl Collector for JobMetrics {
 }
 
 /// The HTTP server of [`serve_metrics`]: runs on a thread of its own until
-/// dropped.
-#[derive(Debug)]
-pub struct MetricsServer {
-    addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
+/// dropped (the views' server, serving no views).
+pub type MetricsServer = crate::serve::ViewServer;
 
-impl MetricsServer {
-    /// The address the server listens on (the port chosen, if 0 was asked).
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// Serves `metrics` at `GET /metrics` on `addr` (HTTP/1.1), from a thread
-/// with a tokio runtime of its own: scrapes never stop the dataflow.
-pub fn serve_metrics(addr: SocketAddr, metrics: JobMetrics) -> std::io::Result<MetricsServer> {
-    let listener = std::net::TcpListener::bind(addr)?;
-    listener.set_nonblocking(true)?;
-    let addr = listener.local_addr()?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let thread = std::thread::Builder::new().name("highwater-metrics".into()).spawn(move || {
-        runtime.block_on(async move {
-            let listener = match tokio::net::TcpListener::from_std(listener) {
-                Ok(listener) => listener,
-                Err(e) => {
-                    tracing::error!(%e, "the metrics server cannot listen");
-                    return;
-                }
-            };
-            let app =
-                axum::Router::new().route(
-                    "/metrics",
-                    axum::routing::get(move || {
-                        let body = metrics.render();
-                        async move {
-                            ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body)
-                        }
-                    }),
-                );
-            let served = axum::serve(listener, app).with_graceful_shutdown(async move {
-                let _ = stopped.await;
-            });
-            if let Err(e) = served.await {
-                tracing::error!(%e, "the metrics server failed");
-            }
-        });
-    })?;
-    tracing::info!(%addr, "metrics at http://{addr}/metrics");
-    Ok(MetricsServer { addr, stop: Some(stop), thread: Some(thread) })
+/// Serves `metrics` at `GET /metrics` on `addr` (HTTP/1.1), with the job's
+/// status page at `/` and its numbers as JSON at `/status`, from a thread
+/// with a tokio runtime of its own: scrapes never stop the dataflow. The
+/// server of [`serve_views`](crate::serve::serve_views) without views: to
+/// serve views, metrics and the status page on one address, give the
+/// metrics to `serve_views` in its [`ServeOptions`](crate::serve::ServeOptions).
+///
+/// # Errors
+/// The address cannot be bound.
+pub fn serve_metrics(addr: SocketAddr, metrics: JobMetrics) -> Result<MetricsServer, crate::serve::ServeError> {
+    let options = crate::serve::ServeOptions { token: None, metrics: Some(metrics) };
+    crate::serve::serve_views(addr, crate::serve::Views::new(), options)
 }

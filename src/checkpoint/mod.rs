@@ -69,6 +69,7 @@ pub mod manifest;
 #[cfg(feature = "s3")]
 pub mod s3;
 pub mod shard;
+pub mod stats;
 pub mod store;
 
 use std::time::Duration;
@@ -81,6 +82,7 @@ pub use coordinator::{
 pub use manifest::{
     DatabaseInfo, FileInfo, Manifest, PartitionState, ShardInfo, SinkPart, FORMAT_VERSION, OLDEST_READ_VERSION,
 };
+pub use stats::{CheckpointStats, Counts as CheckpointCounts, LastCheckpoint};
 pub use store::{open_store, CheckpointStore, LocalStore};
 
 /// How a job checkpoints.

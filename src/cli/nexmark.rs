@@ -21,6 +21,7 @@ use crate::nexmark::queries::{q10_partition, QueryKind};
 use crate::nexmark::{
     build, Event, Generator, GeneratorConfig, GeneratorSource, NexmarkDecoder, Query, QueryOptions, QueryOutput,
 };
+use crate::operators::table::{Table, TableReader};
 use crate::operators::{EventStream, Timestamp};
 use crate::sink::{
     write, write_json_lines, write_lines, write_parts, write_postgres, LineTarget, PartFiles, PartFormat, Placement,
@@ -151,10 +152,26 @@ pub(super) struct NexmarkArgs {
     /// Print a progress line every second.
     #[arg(long)]
     progress: bool,
-    /// Serve the job's Prometheus metrics at `http://ADDR/metrics` while it
-    /// runs (e.g. `127.0.0.1:9464`; port 0 picks one, printed on stderr).
+    /// Serve the job's Prometheus metrics at `http://ADDR/metrics` and its
+    /// status page at `http://ADDR/` while it runs (e.g. `127.0.0.1:9464`;
+    /// port 0 picks one, printed on stderr).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Serve the query's result as a view over HTTP at `http://ADDR/views/qN`
+    /// (rows keyed by their CSV text, values by column name: point reads,
+    /// prefix scans by leading columns, as-of reads within --serve-retain,
+    /// subscriptions), with the metrics and the status page on the same
+    /// address (see the README, "Views over HTTP").
+    #[arg(long, value_name = "ADDR")]
+    serve_addr: Option<std::net::SocketAddr>,
+    /// The bearer token every request to --serve-addr must carry (required
+    /// on a non-loopback address).
+    #[arg(long, value_name = "TOKEN", requires = "serve_addr")]
+    serve_token: Option<String>,
+    /// How long the served result keeps its history for as-of reads, in
+    /// event time (e.g. `10m`).
+    #[arg(long, default_value = "0ms", requires = "serve_addr")]
+    serve_retain: Millis,
     /// Measure latency and print its percentiles at the end: from the
     /// instant a source read a record to the instant the sink emitted an
     /// update at its event time, and from the instant the watermark passed
@@ -229,6 +246,23 @@ pub(super) enum OutputFormat {
 
 /// The CSV `row` as a JSON object with `names` as keys.
 fn row_as_json(names: &[&str], row: &str) -> String {
+    row_object(names, row).to_string()
+}
+
+/// A row's columns by name (a served result's values).
+type Columns = std::collections::BTreeMap<String, String>;
+
+/// A CSV row's columns by name (rows are written by the queries: never
+/// malformed; if one were, the row itself under `row`).
+fn row_columns(names: &[&str], row: &str) -> Columns {
+    match crate::sink::parse_csv_line(row) {
+        Ok(fields) => names.iter().map(|n| (*n).to_owned()).zip(fields).collect(),
+        Err(_) => Columns::from([("row".to_owned(), row.to_owned())]),
+    }
+}
+
+/// A CSV row as a JSON object of its columns by name.
+fn row_object(names: &[&str], row: &str) -> serde_json::Value {
     let mut object = serde_json::Map::new();
     match crate::sink::parse_csv_line(row) {
         Ok(fields) => {
@@ -242,7 +276,7 @@ fn row_as_json(names: &[&str], row: &str) -> String {
             object.insert("error".to_owned(), serde_json::Value::String(e.to_string()));
         }
     }
-    serde_json::Value::Object(object).to_string()
+    serde_json::Value::Object(object)
 }
 
 /// Reads q13's side input.
@@ -466,6 +500,10 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
         }
         job = job.measuring_latency();
     }
+    if args.metrics_addr.is_some() || args.serve_addr.is_some() {
+        // The operators' rates, for the metrics and the status page.
+        job = job.observing();
+    }
     if let Some(rate) = args.rate_limit.filter(|r| !(*r > 0.0 && r.is_finite())) {
         bail!("--rate-limit {rate}: give a positive number of events a second");
     }
@@ -522,7 +560,8 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     let query_options = QueryOptions {
         allowed_lateness: args.allowed_lateness.0,
         side_input,
-        blackhole: args.discard,
+        // A served result needs its rows.
+        blackhole: args.discard && args.serve_addr.is_none(),
         state_ttl: args.state.ttl(),
     };
     if checkpointed {
@@ -565,14 +604,39 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     let sinks: Arc<std::sync::Mutex<(Vec<SinkHandle>, Vec<SinkHandle>)>> = Default::default();
     let started = Instant::now();
     let progress = args.progress.then(|| Progress::start(gauges.clone(), started));
+    let job_metrics = crate::metrics::JobMetrics::new(job.totals())
+        .in_flight(job.in_flight())
+        .watermark(Arc::clone(&gauges.watermark))
+        .alignment(job.alignment())
+        .checkpoints(job.checkpoint_stats());
+    let job_metrics = match job.activity() {
+        Some(activity) => job_metrics.activity(activity),
+        None => job_metrics,
+    };
     let metrics = match args.metrics_addr {
         Some(addr) => {
-            let metrics = crate::metrics::JobMetrics::new(job.totals())
-                .in_flight(job.in_flight())
-                .watermark(Arc::clone(&gauges.watermark));
-            let server = crate::metrics::serve_metrics(addr, metrics)
+            let server = crate::metrics::serve_metrics(addr, job_metrics.clone())
                 .with_context(|| format!("serving the metrics at {addr}"))?;
             eprintln!("metrics at http://{}/metrics", server.local_addr());
+            eprintln!("status page at http://{}/", server.local_addr());
+            Some(server)
+        }
+        None => None,
+    };
+    // The query's result as a view: rows keyed by their text.
+    let views = crate::serve::Views::new();
+    let served: Option<TableReader<String, Columns>> =
+        args.serve_addr.map(|_| views.table(&format!("q{}", args.query.0), args.serve_retain.0));
+    let view_server = match args.serve_addr {
+        Some(addr) => {
+            let options =
+                crate::serve::ServeOptions { token: args.serve_token.clone(), metrics: Some(job_metrics.clone()) };
+            let server = crate::serve::serve_views(addr, views, options)
+                .with_context(|| format!("serving the views at {addr}"))?;
+            let addr = server.local_addr();
+            eprintln!("views at http://{addr}/views (the result: /views/q{})", args.query.0);
+            eprintln!("metrics at http://{addr}/metrics");
+            eprintln!("status page at http://{addr}/");
             Some(server)
         }
         None => None,
@@ -619,6 +683,14 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
             }
             let rows = out.rows.probe_with(&probe);
             watch_watermark(&rows, &g);
+            if let Some(reader) = served.as_ref() {
+                let names = out.header;
+                let keyed = rows.map(move |row| {
+                    let columns = row_columns(names, &row);
+                    (row, columns)
+                });
+                Table::from_changelog(&keyed).serve(reader);
+            }
             let header = out.header.join(",");
             let handle = match (&output, query.0) {
                 _ if output_dir.is_some() => {
@@ -696,6 +768,7 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
     });
     drop(progress);
     drop(metrics);
+    drop(view_server);
     let report = report.map_err(|e| match e {
         JobError::Checkpoint(e) => anyhow::Error::new(e).context("checkpointing"),
         JobError::Unfinished => anyhow::anyhow!("the job ended without writing its final checkpoint"),

@@ -16,6 +16,11 @@ use serde_json::{json, Value};
 
 use super::views::{Scan, View, ViewError, Views};
 
+/// The status page: one HTML file, its script and styles inline, that
+/// polls `/status` (with the page's `?token=` as a bearer token, if given).
+#[cfg(feature = "metrics")]
+const STATUS_PAGE: &str = include_str!("status.html");
+
 /// How often a subscription looks for new changes.
 const POLL: Duration = Duration::from_millis(20);
 
@@ -30,7 +35,7 @@ const MAX_LIMIT: usize = 10_000;
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// A non-loopback address without a token.
-    #[error("serving on {0}, which is not a loopback address, needs a bearer token (--serve-token)")]
+    #[error("serving views on {0}, which is not a loopback address, needs a bearer token (--serve-token)")]
     TokenRequired(SocketAddr),
     /// The address could not be bound, or the runtime not started.
     #[error("serving on {addr}: {source}")]
@@ -46,8 +51,9 @@ pub enum ServeError {
 /// What the server serves besides the views.
 #[derive(Clone, Debug, Default)]
 pub struct ServeOptions {
-    /// Requests must carry `Authorization: Bearer <token>` (required on a
-    /// non-loopback address).
+    /// Requests must carry `Authorization: Bearer <token>` (required to
+    /// serve views on a non-loopback address; metrics and the status page
+    /// alone may go without, as scrape endpoints usually do).
     pub token: Option<String>,
     /// The job's Prometheus metrics at `/metrics` (feature `metrics`).
     #[cfg(feature = "metrics")]
@@ -95,6 +101,9 @@ struct Shared {
 /// | `GET /views/{name}/{key}[?as_of=T]` | the key's value (404 if none) |
 /// | `GET /views/{name}?from=K1&to=K2&prefix=P&limit=N[&as_of=T]` | rows in key order: `from` inclusive, `to` exclusive, `prefix` for string keys |
 /// | `GET /views/{name}/changes[?since=T]` | a subscription: JSON lines |
+/// | `GET /metrics` | the job's Prometheus metrics (with [`ServeOptions::metrics`]) |
+/// | `GET /status` | the job's numbers as JSON ([`JobMetrics::status`](crate::metrics::JobMetrics::status)) |
+/// | `GET /` | the status page: the dataflow's operators and their rates, sources with their watermarks and lag, checkpoints, late and dead-letter counts, charts of the last minutes |
 ///
 /// Every answer says the time it is as of (`as_of`: every change at or
 /// before it, none after; `null` before the first) and the view's
@@ -112,9 +121,9 @@ struct Shared {
 ///
 /// # Errors
 /// [`ServeError`]: the address cannot be bound, or is not a loopback
-/// address and no token is given.
+/// address, no token is given and there are views to serve.
 pub fn serve_views(addr: SocketAddr, views: Views, options: ServeOptions) -> Result<ViewServer, ServeError> {
-    if options.token.is_none() && !addr.ip().is_loopback() {
+    if options.token.is_none() && !addr.ip().is_loopback() && !views.names().is_empty() {
         return Err(ServeError::TokenRequired(addr));
     }
     let io = |source| ServeError::Io { addr, source };
@@ -133,19 +142,29 @@ pub fn serve_views(addr: SocketAddr, views: Views, options: ServeOptions) -> Res
         .with_state(Arc::clone(&shared));
     #[cfg(feature = "metrics")]
     if let Some(metrics) = options.metrics {
-        let shared = Arc::clone(&shared);
-        app = app.route(
-            "/metrics",
-            get(move |headers: HeaderMap| {
-                let answer = authorized(&shared, &headers).then(|| metrics.render()).ok_or_else(unauthorized);
-                async move {
-                    match answer {
-                        Ok(body) => {
-                            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+        let metrics = Arc::new(metrics);
+        let (m, auth) = (Arc::clone(&metrics), Arc::clone(&shared));
+        app = app
+            .route(
+                "/metrics",
+                get(move |headers: HeaderMap| {
+                    let answer = authorized(&auth, &headers).then(|| m.render()).ok_or_else(unauthorized);
+                    async move {
+                        match answer {
+                            Ok(body) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body)
+                                .into_response(),
+                            Err(e) => e,
                         }
-                        Err(e) => e,
                     }
-                }
+                }),
+            )
+            .route("/", get(|| async { ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], STATUS_PAGE) }));
+        let auth = Arc::clone(&shared);
+        app = app.route(
+            "/status",
+            get(move |headers: HeaderMap| {
+                let answer = if authorized(&auth, &headers) { ok(metrics.status()) } else { unauthorized() };
+                async move { answer }
             }),
         );
     }

@@ -66,6 +66,8 @@ struct Inner {
     /// The other processes: the followers (coordinator), or the coordinator.
     links: Vec<Peer>,
     restored: Option<RestoredState>,
+    /// Where written and failed checkpoints are counted.
+    stats: Mutex<crate::checkpoint::stats::CheckpointStats>,
     state: Mutex<State>,
     /// Signalled when the state changes in a way waiting threads look at
     /// (a cut begun or written, sources no longer held back, a failure).
@@ -198,6 +200,7 @@ impl Checkpoints {
             membership,
             links: joined.links,
             restored,
+            stats: Mutex::default(),
             state: Mutex::new(State::new(layout, next_id, published)),
             changed: Condvar::new(),
             wakers: Wakers::default(),
@@ -248,6 +251,11 @@ impl Checkpoints {
     /// again, and [`finish`](Self::finish) reports the error.
     pub fn fail_job(&self, error: impl Into<String>) {
         self.0.fail(&mut lock(&self.0.state), error.into());
+    }
+
+    /// Counts written and failed checkpoints into `stats` from now on.
+    pub fn report_to(&self, stats: crate::checkpoint::CheckpointStats) {
+        *self.0.stats.lock().unwrap_or_else(|e| e.into_inner()) = stats;
     }
 
     /// The store's location, for messages.
@@ -527,6 +535,11 @@ impl Checkpoints {
 }
 
 impl Inner {
+    /// Where checkpoints are counted.
+    fn stats(&self) -> crate::checkpoint::CheckpointStats {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// See [`Checkpoints::finish`].
     fn finish(&self) -> Result<bool, CheckpointError> {
         self.stop.store(true, Ordering::Relaxed);

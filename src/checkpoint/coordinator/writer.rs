@@ -58,7 +58,7 @@ pub(super) fn write_loop(inner: &Inner, work: mpsc::Receiver<Work>) {
         }
         match next {
             Some(Work::Local(c)) => {
-                let (id, cut, started) = (c.cut.id, c.cut, Instant::now());
+                let (id, cut, started) = (c.cut.id, c.cut, c.begun);
                 match write_part(inner, c, &mut uploaded) {
                     Ok(part) if inner.layout.leads => {
                         let entry = parts.entry(id).or_default();
@@ -102,11 +102,20 @@ pub(super) fn write_loop(inner: &Inner, work: mpsc::Receiver<Work>) {
             let mut state = lock(&inner.state);
             match result {
                 Ok(manifest) => {
+                    inner.stats().written(crate::checkpoint::LastCheckpoint {
+                        id: manifest.id,
+                        time: manifest.time,
+                        duration_seconds: started.elapsed().as_secs_f64(),
+                        state_bytes: manifest.state_bytes(),
+                        bytes_written: manifest.bytes_written(),
+                        completed_unix_ms: manifest.created_unix_ms,
+                    });
                     let is_final = manifest.is_final();
                     let _ = inner.step(&mut state, |phase, job| phase.written(cut.id, is_final, job));
                 }
                 Err(e) => {
                     tracing::error!("checkpoint {} failed: {e}", cut.id);
+                    inner.stats().failed();
                     inner.fail(&mut state, format!("checkpoint {}: {e}", cut.id));
                 }
             }

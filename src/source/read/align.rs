@@ -173,6 +173,21 @@ impl Alignment {
         groups.groups.values().filter_map(|g| g.combined().map(|(lo, hi)| hi.saturating_sub(lo))).max()
     }
 
+    /// Every source of this process with the span of its active partitions
+    /// over all of its workers (`None`: all rest): the earliest is the
+    /// source's watermark, for metrics and the status page.
+    pub fn sources(&self) -> Vec<(String, Option<Span>)> {
+        let groups = self.lock();
+        let mut sources: BTreeMap<String, Option<Span>> = BTreeMap::new();
+        for group in groups.groups.values() {
+            for ((source, _), span) in &group.local {
+                let merged = sources.entry(source.clone()).or_default();
+                *merged = merge([*merged, *span].into_iter());
+            }
+        }
+        sources.into_iter().collect()
+    }
+
     /// Posts the `span` of the active partitions of `source` on `worker` in
     /// `group` (`None`: all rest) and returns the group's combined watermark
     /// (`None`: no partition is active anywhere, as far as this process

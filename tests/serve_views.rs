@@ -63,6 +63,18 @@ fn get(url: &str, token: Option<&str>) -> (u16, Value) {
     (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("{url}: {e}: {body}")))
 }
 
+/// POST `url` with a JSON `body`: the status and the JSON body.
+fn post(url: &str, body: &Value) -> (u16, Value) {
+    let response = match ureq::post(url).set("Content-Type", "application/json").send_string(&body.to_string()) {
+        Ok(response) => response,
+        Err(ureq::Error::Status(_, response)) => response,
+        Err(e) => panic!("{url}: {e}"),
+    };
+    let status = response.status();
+    let text = response.into_string().expect("a body");
+    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{url}: {e}: {text}")))
+}
+
 /// The job: upserts of account balances into the table `balances` (a day of
 /// history), `doubled` (each balance times two; no history) and `names`
 /// (string keys, `acct-<n>`), served on two workers. Returns the sender of
@@ -236,6 +248,25 @@ fn a_running_job_serves_its_views() {
             assert_eq!(b.as_i64(), model.get(&k).copied(), "{body}");
             assert_eq!(d.as_i64(), model.get(&k).map(|v| v * 2), "{body}");
         }
+
+        // A batch of point reads and scans of several views, POSTed: as of one time.
+        let as_of = last / 3;
+        let reads: Vec<Value> = (0..10u64)
+            .map(|k| json!({"view": "balances", "key": k}))
+            .chain([json!({"view": "balances", "from": 10, "to": 20, "limit": 100})])
+            .chain([json!({"view": "balances", "key": 7})])
+            .collect();
+        let (status, body) = post(&format!("{base}/views"), &json!({"as_of": as_of, "reads": reads}));
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["as_of"].as_u64(), Some(as_of));
+        let model = replay(&log, as_of);
+        let results = body["results"].as_array().unwrap();
+        for k in 0..10u64 {
+            assert_eq!(results[k as usize]["value"].as_i64(), model.get(&k).copied(), "{body}");
+        }
+        let scanned: Vec<Value> = model.range(10..20).map(|(k, v)| json!({"key": k, "value": v})).collect();
+        assert_eq!(results[10]["rows"], Value::Array(scanned), "{body}");
+        assert_eq!(results[11]["value"].as_i64(), model.get(&7).copied());
     }
 
     // Errors.
@@ -253,6 +284,18 @@ fn a_running_job_serves_its_views() {
         let (status, body) = get(&format!("{base}{path}"), None);
         assert_eq!(status, expected, "{path}: {body}");
         assert!(body["error"].as_str().is_some_and(|e| !e.is_empty()), "{path}: {body}");
+    }
+    for (body, expected) in [
+        (json!({"reads": [{"view": "nothing", "key": 1}]}), 404),
+        (json!({"reads": [{"key": 1}]}), 400),
+        (json!({"as_of": "soon", "reads": []}), 400),
+        (json!({"reads": [{"view": "balances", "key": "x"}]}), 400),
+        (json!({"reads": [{"view": "balances", "limit": 0}]}), 400),
+        (json!({"as_of": 0, "reads": [{"view": "doubled", "key": 1}]}), 410),
+    ] {
+        let (status, answer) = post(&format!("{base}/views"), &body);
+        assert_eq!(status, expected, "{body}: {answer}");
+        assert!(answer["error"].as_str().is_some_and(|e| !e.is_empty()), "{body}: {answer}");
     }
     let (_, body) = get(&format!("{base}/views/doubled/1?as_of=0"), None);
     assert!(body["error"].as_str().unwrap().contains("history starts at"), "{body}");

@@ -98,6 +98,7 @@ struct Shared {
 /// | --- | --- |
 /// | `GET /views` | every view: name, key and value examples, keys held, watermark, earliest time |
 /// | `GET /views?names=a,b&keys=k1,k2[&as_of=T]` | the keys' values in each view, all as of one time |
+/// | `POST /views` `{"as_of"?, "reads": [{"view", "key"}, {"view", "from"?, "to"?, "prefix"?, "limit"?}]}` | point reads and scans of several views, all as of one time |
 /// | `GET /views/{name}/{key}[?as_of=T]` | the key's value (404 if none) |
 /// | `GET /views/{name}?from=K1&to=K2&prefix=P&limit=N[&as_of=T]` | rows in key order: `from` inclusive, `to` exclusive, `prefix` for string keys |
 /// | `GET /views/{name}/changes[?since=T]` | a subscription: JSON lines |
@@ -135,7 +136,7 @@ pub fn serve_views(addr: SocketAddr, views: Views, options: ServeOptions) -> Res
     let shared = Arc::new(Shared { views, token: options.token });
     #[allow(unused_mut)]
     let mut app = Router::new()
-        .route("/views", get(list))
+        .route("/views", get(list).post(batch_post))
         .route("/views/{name}", get(scan))
         .route("/views/{name}/changes", get(subscribe))
         .route("/views/{name}/{key}", get(point))
@@ -314,6 +315,73 @@ fn batch(
     }
     let (as_of, watermark) = times(&hold, views.timeline().watermark());
     Ok(json!({ "as_of": as_of, "watermark": watermark, "views": out }))
+}
+
+/// `POST /views` with `{"as_of": T?, "reads": [{"view", "key"} | {"view",
+/// "from"?, "to"?, "prefix"?, "limit"?}, ...]}`: point reads and scans of
+/// any views, all as of one time.
+async fn batch_post(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: String) -> Response {
+    if !authorized(&shared, &headers) {
+        return unauthorized();
+    }
+    respond(batch_reads(&shared.views, &body))
+}
+
+fn batch_reads(views: &Views, body: &str) -> Result<Value, ViewError> {
+    let request: Value =
+        serde_json::from_str(body).map_err(|e| ViewError::BadParameter(format!("the body is not JSON: {e}")))?;
+    let as_of =
+        match request.get("as_of") {
+            None | Some(Value::Null) => None,
+            Some(t) => Some(t.as_u64().filter(|t| *t < END_OF_TIME).ok_or_else(|| {
+                ViewError::BadParameter(format!("as_of={t}: expected an event time in milliseconds"))
+            })?),
+        };
+    let reads = request
+        .get("reads")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ViewError::BadParameter("the body needs \"reads\": a list of reads".into()))?;
+    // A key or bound given as JSON: a string as its text, anything else as JSON.
+    let text = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let chosen = reads
+        .iter()
+        .map(|read| {
+            let name = read
+                .get("view")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ViewError::BadParameter(format!("a read needs \"view\", the name of a view: {read}")))?;
+            Ok((name, views.view(name)?, read))
+        })
+        .collect::<Result<Vec<_>, ViewError>>()?;
+    let hold = hold_for(views, None, as_of);
+    let mut results = Vec::new();
+    for (name, view, read) in chosen {
+        if let Some(key) = read.get("key") {
+            let value = view.get(name, &hold, &text(key))?;
+            results.push(json!({ "view": name, "key": key, "value": value }));
+            continue;
+        }
+        let limit = match read.get("limit") {
+            None => 100,
+            Some(n) => n.as_u64().map(|n| n as usize).filter(|n| (1..=MAX_LIMIT).contains(n)).ok_or_else(|| {
+                ViewError::BadParameter(format!("limit={n}: expected a number from 1 to {MAX_LIMIT}"))
+            })?,
+        };
+        let scan = Scan {
+            from: read.get("from").map(text),
+            to: read.get("to").map(text),
+            prefix: read.get("prefix").map(text),
+            limit,
+        };
+        let rows: Vec<Value> =
+            view.scan(name, &hold, &scan)?.into_iter().map(|(k, v)| json!({ "key": k, "value": v })).collect();
+        results.push(json!({ "view": name, "rows": rows }));
+    }
+    let (as_of, watermark) = times(&hold, views.timeline().watermark());
+    Ok(json!({ "as_of": as_of, "watermark": watermark, "results": results }))
 }
 
 async fn point(

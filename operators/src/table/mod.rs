@@ -348,10 +348,80 @@ impl<'scope, K: Key, V: Data> Table<'scope, K, V> {
         Table { changelog: changelog.exchange(|(k, _)| k.clone()) }
     }
 
+    /// A table from a differential collection that is one (at most one
+    /// value per key at any time): the result of a `reduce`, or an
+    /// arrangement's `as_collection`, to serve it or join it as a table.
+    ///
+    /// # Examples
+    /// ```
+    /// use differential_dataflow::operators::CountTotal;
+    /// use highwater_operators::prelude::*;
+    /// use highwater_operators::table::{Table, TableReader};
+    /// use timely::dataflow::operators::ToStream;
+    ///
+    /// let counts: TableReader<char, i64> = TableReader::new();
+    /// let reader = counts.clone();
+    /// timely::example(move |scope| {
+    ///     let words = vec![('a', 1u64, 1i64), ('b', 2, 1), ('a', 3, 1)].to_stream(scope);
+    ///     let counted = EventStream::new(words).as_collection().count_total_core::<i64>();
+    ///     Table::from_collection(&counted).serve(&reader);
+    /// });
+    /// assert_eq!(counts.snapshot(), vec![('a', 2), ('b', 1)]);
+    /// ```
+    pub fn from_collection(collection: &VecCollection<'scope, Timestamp, (K, V), Diff>) -> Self {
+        Self::from_changelog(&crate::collection::from_collection(collection))
+    }
+
     /// The table as a changelog stream: `+(key, value)` when a value is set,
     /// `-(key, value)` when it is replaced or deleted, each at its event time.
     pub fn changelog(&self) -> EventStream<'scope, (K, V)> {
         self.changelog.clone()
+    }
+}
+
+/// A window's result as a table row: its window and its value (the key of
+/// the row is the result's key and the window's start).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct WindowRow<O> {
+    /// The window's start (inclusive).
+    pub start: Timestamp,
+    /// Its end (exclusive).
+    pub end: Timestamp,
+    /// The aggregate.
+    pub value: O,
+}
+
+impl<'scope, K: Key, O: Data> EventStream<'scope, crate::window::WindowResult<K, O>> {
+    /// The window results as a table keyed by `(key, window start)`: each
+    /// window's latest result (late corrections replace it), to serve as a
+    /// view or join as a table.
+    ///
+    /// # Examples
+    /// ```
+    /// use highwater_operators::prelude::*;
+    /// use highwater_operators::table::{TableReader, WindowRow};
+    /// use timely::dataflow::operators::ToStream;
+    ///
+    /// let sums: TableReader<(char, Timestamp), WindowRow<i64>> = TableReader::new();
+    /// let reader = sums.clone();
+    /// timely::example(move |scope| {
+    ///     let sales = vec![(('x', 5i64), 1_000u64, 1i64), (('x', 7), 2_000, 1), (('x', 1), 12_000, 1)];
+    ///     EventStream::new(sales.to_stream(scope))
+    ///         .window(Tumbling::of(10_000))
+    ///         .key_by(|(k, _): &(char, i64)| *k)
+    ///         .aggregate(Sum::of(|(_, v): &(char, i64)| *v))
+    ///         .results
+    ///         .as_table()
+    ///         .serve(&reader);
+    /// });
+    /// let rows = sums.snapshot();
+    /// assert_eq!(rows[0], (('x', 0), WindowRow { start: 0, end: 10_000, value: 12 }));
+    /// assert_eq!(rows[1], (('x', 10_000), WindowRow { start: 10_000, end: 20_000, value: 1 }));
+    /// ```
+    pub fn as_table(&self) -> Table<'scope, (K, Timestamp), WindowRow<O>> {
+        let rows = self
+            .map(|r| ((r.key, r.window.start), WindowRow { start: r.window.start, end: r.window.end, value: r.value }));
+        Table::from_changelog(&rows)
     }
 }
 

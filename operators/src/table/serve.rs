@@ -8,7 +8,9 @@
 
 use std::collections::BTreeMap;
 use std::ops::{Bound, RangeBounds};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
+
+use parking_lot::{RwLock, RwLockWriteGuard};
 
 use smallvec::SmallVec;
 
@@ -51,9 +53,7 @@ impl<K: Key, V: Data + Ord> Table<'_, K, V> {
         builder.build(move |_caps, mut managed| {
             *managed.get() = Served(Arc::clone(&shard));
             managed.restore(|served, time, entries| {
-                if let Ok(mut shard) = served.0.write() {
-                    shard.restore(time, entries);
-                }
+                served.0.write().restore(time, entries);
             });
             move |frontiers| {
                 // While a snapshot is serialized in the background under a read
@@ -61,11 +61,22 @@ impl<K: Key, V: Data + Ord> Table<'_, K, V> {
                 if !managed.home() {
                     return;
                 }
-                let Ok(mut guard) = shard.write() else { return };
+                let mut guard = shard.write();
+                let mut applied = 0usize;
                 input.for_each_stamp(|_cap, data| {
                     for batch in data {
                         for ((k, v), time, diff) in batch.drain(..) {
                             guard.insert(k, v, time, diff);
+                            applied += 1;
+                            // Readers waiting get their turn every so
+                            // often (the lock is handed over fairly): a
+                            // large activation does not hold reads back
+                            // for its whole length. They see changes of
+                            // the times not complete yet, which a read
+                            // as of a complete time leaves out.
+                            if applied % WRITE_CHUNK == 0 {
+                                RwLockWriteGuard::bump(&mut guard);
+                            }
                         }
                     }
                 });
@@ -77,7 +88,9 @@ impl<K: Key, V: Data + Ord> Table<'_, K, V> {
                 let watermark = watermark_of(&frontiers[0]);
                 let bound = reader.timeline.post(reader.view, index, watermark);
                 if bound < END_OF_TIME {
-                    guard.compact(bound.saturating_sub(reader.retain));
+                    while !guard.compact_some(bound.saturating_sub(reader.retain), WRITE_CHUNK) {
+                        RwLockWriteGuard::bump(&mut guard);
+                    }
                 }
                 // The shard stays readable by queries: the background thread
                 // reads it under a read lock (taken once this activation lets go
@@ -89,6 +102,10 @@ impl<K: Key, V: Data + Ord> Table<'_, K, V> {
         });
     }
 }
+
+/// How many changes a served table's operator applies between handing the
+/// shard's lock to waiting readers.
+const WRITE_CHUNK: usize = 1024;
 
 /// A served table's state: this worker's shard, shared with the readers.
 struct Served<K, V>(Arc<RwLock<Shard<K, V>>>);
@@ -110,7 +127,7 @@ impl<K: Key + Sync, V: Data + Sync> OperatorState for Served<K, V> {
     /// The shard as checkpoint entries, one per key, routed by key, read
     /// under a read lock (queries read the shard meanwhile).
     fn snapshot(&self, (): (), out: &mut Snapshot) {
-        let shard = self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let shard = self.0.read();
         out.reserve(shard.rows.len());
         for (k, row) in shard.rows.iter() {
             out.push(route(k), &(k, &row.values, &row.changes));
@@ -208,15 +225,29 @@ impl<K: Key, V: Data + PartialEq> Shard<K, V> {
 
     /// Folds every change before `horizon` into the values (if it is past
     /// the current one), and forgets keys with nothing left.
+    #[cfg(test)]
     fn compact(&mut self, horizon: Timestamp) {
-        if horizon <= self.horizon {
-            return;
-        }
+        while !self.compact_some(horizon, usize::MAX) {}
+    }
+
+    /// [`compact`](Self::compact) in steps of about `budget` keys: whether
+    /// it is done. The horizon moves first, so that a read that comes in
+    /// between two steps and is as of a time before the new horizon is told
+    /// so; a read as of a time at or after it gives the same answer whether
+    /// a key's changes before it are folded yet or not.
+    fn compact_some(&mut self, horizon: Timestamp, budget: usize) -> bool {
+        self.horizon = self.horizon.max(horizon);
+        let horizon = self.horizon;
+        let mut folded = 0usize;
         while let Some(entry) = self.by_time.first_entry() {
             if *entry.key() >= horizon {
-                break;
+                return true;
+            }
+            if folded >= budget {
+                return false;
             }
             for k in entry.remove() {
+                folded += 1;
                 let Some(row) = self.rows.get_mut(&k) else { continue };
                 row.fold(horizon);
                 if row.is_empty() {
@@ -224,7 +255,7 @@ impl<K: Key, V: Data + PartialEq> Shard<K, V> {
                 }
             }
         }
-        self.horizon = horizon;
+        true
     }
 }
 
@@ -535,14 +566,14 @@ impl<K: Key, V: Data + PartialEq> TableReader<K, V> {
     /// The earliest time the table can be read as of (its history's start;
     /// 0 when it reaches back to the beginning).
     pub fn earliest(&self) -> Timestamp {
-        let horizon = self.shards().iter().filter_map(|s| s.read().ok().map(|s| s.horizon)).max().unwrap_or(0);
+        let horizon = self.shards().iter().map(|s| s.read().horizon).max().unwrap_or(0);
         horizon.saturating_sub(1)
     }
 
     /// How many keys the shards hold (with a value now, or a change in the
     /// retained history): the size of the view, without reading it.
     pub fn keys_held(&self) -> usize {
-        self.shards().iter().filter_map(|s| s.read().ok().map(|s| s.rows.len())).sum()
+        self.shards().iter().map(|s| s.read().rows.len()).sum()
     }
 
     /// A read of the table through `hold`: as of its time, which must be
@@ -559,7 +590,7 @@ impl<K: Key, V: Data + PartialEq> TableReader<K, V> {
         }
         let shards = self.shards();
         for shard in &shards {
-            let horizon = shard.read().map(|s| s.horizon).unwrap_or(0);
+            let horizon = shard.read().horizon;
             if horizon > upto {
                 return Err(AsOfError::BeforeHistory { as_of, earliest: horizon - 1 });
             }
@@ -645,7 +676,7 @@ pub struct TableRead<'a, K, V> {
 impl<K: Key, V: Data + PartialEq> TableRead<'_, K, V> {
     /// The value of `key`, if the table had one.
     pub fn get(&self, key: &K) -> Option<V> {
-        self.shards.iter().find_map(|shard| shard.read().ok()?.rows.get(key)?.value_before(self.upto))
+        self.shards.iter().find_map(|shard| shard.read().rows.get(key)?.value_before(self.upto))
     }
 
     /// The first `limit` rows whose keys are in `range`, sorted by key.
@@ -657,7 +688,7 @@ impl<K: Key, V: Data + PartialEq> TableRead<'_, K, V> {
         // Each shard's first `limit` rows in the range, merged.
         let mut rows = Vec::new();
         for shard in &self.shards {
-            let Ok(shard) = shard.read() else { continue };
+            let shard = shard.read();
             let found = shard
                 .rows
                 .range::<K, _>((bounds.0.as_ref(), bounds.1.as_ref()))
@@ -675,7 +706,7 @@ impl<K: Key, V: Data + PartialEq> TableRead<'_, K, V> {
     fn changes_since(&self, from: Timestamp) -> Vec<(K, V, Timestamp, Diff)> {
         let mut out = Vec::new();
         for shard in &self.shards {
-            let Ok(shard) = shard.read() else { continue };
+            let shard = shard.read();
             for (time, keys) in shard.by_time.range(from..self.upto) {
                 for k in keys {
                     let Some(row) = shard.rows.get(k) else { continue };

@@ -22,6 +22,11 @@
 //! | `highwater_operator_busy_seconds_total` | counter | `operator`, `address` |
 //! | `highwater_operator_records_received_total` | counter | `operator`, `address` |
 //! | `highwater_operator_records_sent_total` | counter | `operator`, `address` |
+//! | `highwater_partition_watermark_seconds` | gauge | `source`, `partition` |
+//! | `highwater_partition_watermark_lag_seconds` | gauge | `source`, `partition` |
+//! | `highwater_partition_offset` | gauge | `source`, `partition` (where it reads next: a file's byte, a Kafka offset) |
+//! | `highwater_partition_records_total` | counter | `source`, `partition` |
+//! | `highwater_state_entries` | gauge | `operator` (keys in its keyed state, this process) |
 //! | `highwater_checkpoints_total` | counter | `outcome` (`completed`, `failed`) |
 //! | `highwater_checkpoint_written_bytes_total` | counter | |
 //! | `highwater_checkpoint_duration_seconds` | gauge | (the latest checkpoint's) |
@@ -139,7 +144,7 @@ impl JobMetrics {
         let counter = |name: &str| totals.get(name).copied().unwrap_or(0);
         let mut sources: std::collections::BTreeMap<String, serde_json::Value> = Default::default();
         for name in totals.keys() {
-            if let Some(source) = name.strip_suffix(".records") {
+            if let Some(source) = name.strip_suffix(".records").filter(|_| partition_of(name).is_none()) {
                 sources.insert(
                     source.to_owned(),
                     json!({
@@ -169,6 +174,11 @@ impl JobMetrics {
             "late": sum(".late") + sum(".late_read"),
             "expired": sum(".expired"),
             "sources": sources.into_values().collect::<Vec<_>>(),
+            "partitions": self.partitions_status(&totals, now),
+            "state_entries": totals
+                .iter()
+                .filter_map(|(n, v)| Some((n.strip_suffix(".state_entries")?.to_owned(), *v)))
+                .collect::<std::collections::BTreeMap<_, _>>(),
             "operators": self.activity.as_ref().map(Activity::operators).unwrap_or_default(),
             "checkpoints": self.checkpoints.as_ref().map(|c| {
                 let counts = c.read();
@@ -184,6 +194,32 @@ impl JobMetrics {
         })
     }
 
+    /// Each source partition's watermark, lag, offset and records read.
+    fn partitions_status(&self, totals: &std::collections::BTreeMap<String, u64>, now: f64) -> Vec<serde_json::Value> {
+        let mut by: std::collections::BTreeMap<(String, u64), serde_json::Map<String, serde_json::Value>> =
+            Default::default();
+        for (name, value) in totals {
+            let Some((source, index, what)) = partition_of(name) else { continue };
+            let entry = by.entry((source.to_owned(), index.parse().unwrap_or(0))).or_default();
+            entry.insert("source".into(), source.into());
+            entry.insert("partition".into(), index.parse::<u64>().unwrap_or(0).into());
+            match what {
+                "watermark" => {
+                    let known = *value != 0 && *value < END_OF_TIME;
+                    entry.insert("watermark".into(), serde_json::json!(known.then_some(*value)));
+                    entry.insert("lag_seconds".into(), serde_json::json!(known.then(|| now - *value as f64 / 1e3)));
+                }
+                "offset" => {
+                    entry.insert("offset".into(), (*value).into());
+                }
+                _ => {
+                    entry.insert("records".into(), (*value).into());
+                }
+            }
+        }
+        by.into_values().map(serde_json::Value::Object).collect()
+    }
+
     /// The metrics in the text exposition format.
     pub fn render(&self) -> String {
         let mut registry = Registry::default();
@@ -195,6 +231,14 @@ impl JobMetrics {
     }
 }
 
+/// A partition's gauge in the job's totals: `<source>/<index>.<what>`.
+fn partition_of(name: &str) -> Option<(&str, &str, &str)> {
+    let (path, what) = name.rsplit_once('.')?;
+    let (source, index) = path.rsplit_once('/')?;
+    (index.bytes().all(|b| b.is_ascii_digit()) && matches!(what, "watermark" | "offset" | "partition_records"))
+        .then_some((source, index, what))
+}
+
 /// A counter of the job's totals, by the name it is registered under.
 enum Named<'a> {
     /// `<source>.<what>`.
@@ -202,6 +246,8 @@ enum Named<'a> {
     /// `<operator>.<what>`.
     Operator(&'static str, &'static str, &'a str),
     Other(&'a str),
+    /// A gauge, encoded apart.
+    Gauge,
 }
 
 /// A counter's value: a count, or a time counted in microseconds, as seconds.
@@ -211,6 +257,12 @@ enum Value {
 }
 
 fn classify(name: &str) -> (Named<'_>, bool) {
+    if partition_of(name).is_some() {
+        return (Named::Gauge, false);
+    }
+    if name.ends_with(".state_entries") {
+        return (Named::Gauge, false);
+    }
     const SOURCE: [(&str, &str, &str, bool); 6] = [
         (".records", "highwater_source_records", "Records read, per source.", false),
         (".dead_letters", "highwater_source_dead_letters", "Records that did not decode, per source.", false),
@@ -249,6 +301,7 @@ impl Collector for JobMetrics {
             let (named, micros) = classify(name);
             let value = if micros { Value::Seconds(*value as f64 / 1e6) } else { Value::Count(*value) };
             let (metric, help, label, of) = match named {
+                Named::Gauge => continue,
                 Named::Source(metric, help, source) => (metric, help, "source", source),
                 Named::Operator(metric, help, op) => (metric, help, "operator", op),
                 Named::Other(name) => ("highwater_counter", "Any other counter of the job, by name.", "name", name),
@@ -302,6 +355,68 @@ impl Collector for JobMetrics {
                 for (source, seconds) in &sources {
                     let value = if lag { now - seconds } else { *seconds };
                     ConstGauge::new(value).encode(family.encode_family(&[("source", source.as_str())])?)?;
+                }
+            }
+        }
+        let entries: Vec<(&str, u64)> =
+            local.iter().filter_map(|(n, v)| Some((n.strip_suffix(".state_entries")?, *v))).collect();
+        if !entries.is_empty() {
+            let mut family = encoder.encode_descriptor(
+                "highwater_state_entries",
+                "Keys held in an operator's keyed state, in this process.",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for (op, n) in entries {
+                ConstGauge::new(n as i64).encode(family.encode_family(&[("operator", op)])?)?;
+            }
+        }
+        let partitions: Vec<(&str, &str, &str, u64)> = local
+            .iter()
+            .filter_map(|(n, v)| partition_of(n).map(|(source, index, what)| (source, index, what, *v)))
+            .collect();
+        if !partitions.is_empty() {
+            let now = now_seconds();
+            type Family = (&'static str, &'static str, &'static str, prometheus_client::metrics::MetricType);
+            let families: [Family; 4] = [
+                (
+                    "watermark",
+                    "highwater_partition_watermark_seconds",
+                    "A source partition's watermark.",
+                    prometheus_client::metrics::MetricType::Gauge,
+                ),
+                (
+                    "lag",
+                    "highwater_partition_watermark_lag_seconds",
+                    "How far a source partition's watermark is behind the wall clock.",
+                    prometheus_client::metrics::MetricType::Gauge,
+                ),
+                (
+                    "offset",
+                    "highwater_partition_offset",
+                    "Where a source partition reads next (a file's byte, a Kafka offset).",
+                    prometheus_client::metrics::MetricType::Gauge,
+                ),
+                (
+                    "partition_records",
+                    "highwater_partition_records",
+                    "Records read from a source partition.",
+                    prometheus_client::metrics::MetricType::Counter,
+                ),
+            ];
+            for (what, metric, help, kind) in families {
+                let mut family = encoder.encode_descriptor(metric, help, None, kind)?;
+                let of = if what == "lag" { "watermark" } else { what };
+                for (source, index, _, value) in partitions.iter().filter(|p| p.2 == of) {
+                    let labels = [("source", *source), ("partition", *index)];
+                    match what {
+                        // Before its first record a partition has no watermark.
+                        "watermark" | "lag" if *value == 0 || *value == END_OF_TIME => {}
+                        "watermark" => ConstGauge::new(*value as f64 / 1e3).encode(family.encode_family(&labels)?)?,
+                        "lag" => ConstGauge::new(now - *value as f64 / 1e3).encode(family.encode_family(&labels)?)?,
+                        "offset" => ConstGauge::new(*value as i64).encode(family.encode_family(&labels)?)?,
+                        _ => ConstCounter::new(*value).encode(family.encode_family(&labels)?)?,
+                    }
                 }
             }
         }

@@ -86,5 +86,8 @@ fn a_running_job_serves_its_metrics() {
     let expected = now - watermark(&second);
     assert!((lag - expected).abs() < elapsed + 5.0, "lag {lag} s, wall clock minus watermark {expected} s");
     assert!(value(&second, "highwater_in_flight_records", None).is_some_and(|n| n >= 0.0));
+    // The join's state: keys held, bounded by its time-to-live.
+    let entries = value(&second, "highwater_state_entries", Some(("operator", "Join"))).expect("the join's state");
+    assert!(entries > 0.0 && entries < r2, "the join holds {entries} keys of {r2} records read");
     assert!(value(&second, "highwater_source_dead_letters_total", Some(("source", "Nexmark"))) == Some(0.0));
 }

@@ -160,6 +160,28 @@ fn a_running_job_serves_its_status_page_result_and_metrics() {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
     assert!((lag - (now - source)).abs() < 10.0, "lag {lag} against the wall clock minus {source}");
 
+    // Per partition: watermarks, offsets and records, which sum to the source's.
+    let records = sample(&m2, "highwater_source_records_total", Some(("source", "Nexmark"))).unwrap();
+    let by_partition: f64 =
+        m2.iter().filter(|(m, _, _)| m == "highwater_partition_records_total").map(|(_, _, v)| v).sum();
+    // (Read one after the other while the source reads on: within a few batches.)
+    assert!(
+        (by_partition - records).abs() <= 5_000.0 + records * 0.02,
+        "the partitions' records {by_partition} add up to the source's {records}"
+    );
+    let partitions = m2.iter().filter(|(m, _, _)| m == "highwater_partition_watermark_seconds").count();
+    assert!(partitions >= 2, "{partitions} partitions with a watermark");
+    let least = m2
+        .iter()
+        .filter(|(m, _, _)| m == "highwater_partition_watermark_seconds")
+        .map(|(_, _, v)| *v)
+        .fold(f64::MAX, f64::min);
+    assert!(
+        (least - source).abs() < 5.0,
+        "the source's watermark {source} is about its partitions' least {least} (read a moment apart)"
+    );
+    assert!(m2.iter().any(|(m, _, v)| m == "highwater_partition_offset" && *v > 0.0), "offsets move");
+
     // The served result: q5's rows, keyed by their text, values by column.
     let body = get(&format!("{base}/views/q5?limit=50"), Some(TOKEN)).expect("the result");
     let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -209,6 +231,8 @@ fn a_running_job_serves_its_status_page_result_and_metrics() {
     assert!(text_of(&dom, "watermark").starts_with("2024-"), "the generator's event times start in 2024");
     assert!(dom.contains("<td>Nexmark</td>"), "the source is listed");
     assert!(dom.contains("<td>BidsPerAuction</td>"), "the operators are listed");
+    let partitions_table = &dom[dom.find("id=\"partitions\"").expect("a partitions table")..];
+    assert!(partitions_table[..partitions_table.find("</table>").unwrap()].contains("<td>Nexmark</td>"));
     assert!(dom.contains("<polyline"), "the charts are drawn");
     assert!(dom.contains("<rect"), "the dataflow is drawn");
     drop(job);

@@ -21,6 +21,12 @@ impl Counter {
             self.0.fetch_add(n, Ordering::Relaxed);
         }
     }
+    /// Sets the value: a counter used as a gauge (a state's size, a
+    /// position), which [`Totals`](crate::totals::Totals) sums with the
+    /// others of its name like any counter.
+    pub fn set(&self, n: u64) {
+        self.0.store(n, Ordering::Relaxed);
+    }
     /// The current value.
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)

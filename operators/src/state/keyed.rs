@@ -262,6 +262,8 @@ pub trait AnyKeyedState {
     /// # Errors
     /// The backend's.
     fn flush(&mut self) -> Result<(), String>;
+    /// [`KeyedState::len`]: the keys held.
+    fn entries(&self) -> usize;
     /// Takes the state's contents out, leaving it empty in memory (so that
     /// a snapshot taken meanwhile holds the operator's state without this
     /// keyed state), to be put back by [`attach`](Self::attach).
@@ -289,6 +291,9 @@ impl<K: Key, V: StateValue> AnyKeyedState for KeyedState<K, V> {
     }
     fn flush(&mut self) -> Result<(), String> {
         KeyedState::flush(self)
+    }
+    fn entries(&self) -> usize {
+        self.len()
     }
     fn detach(&mut self) -> Detached {
         Detached(Box::new(std::mem::replace(&mut self.store, Store::Memory(InMemory::default()))))

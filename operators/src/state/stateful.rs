@@ -16,6 +16,7 @@ use timely::scheduling::Activator;
 use super::{Backend, OperatorState, Snapshot};
 use crate::checkpoint::{keyed_input, Away, Checkpointer, KeyPact, Restored, Schema, StateError};
 use crate::key::Data;
+use crate::late::Counter;
 use crate::stream::{EventStream, Update};
 use crate::time::Timestamp;
 
@@ -170,7 +171,13 @@ impl<S: OperatorState> Stateful<S> {
         if let Some(c) = self.checkpointer.as_mut() {
             c.register(&self.name, &builder.operator_info().address, scope, &S::SCHEMA, S::MIGRATES_FROM);
         }
-        StatefulBuilder { builder, scope: *scope, checkpointer: self.checkpointer, _state: PhantomData }
+        StatefulBuilder {
+            builder,
+            scope: *scope,
+            checkpointer: self.checkpointer,
+            name: self.name,
+            _state: PhantomData,
+        }
     }
 }
 
@@ -179,6 +186,7 @@ pub struct StatefulBuilder<'scope, S> {
     builder: OperatorBuilder<'scope, Timestamp>,
     scope: timely::dataflow::Scope<'scope, Timestamp>,
     checkpointer: Option<Checkpointer>,
+    name: String,
     _state: PhantomData<S>,
 }
 
@@ -226,8 +234,13 @@ impl<'scope, S: OperatorState> StatefulBuilder<'scope, S> {
         let checkpointer = self.checkpointer;
         let backend = Backend::of(&self.scope);
         let name = format!("w{}-op{}", self.scope.worker().index(), self.builder.operator_info().global_id);
+        // The keys its keyed states hold, in the computation's totals (a
+        // gauge, summed over the workers): `<operator>.state_entries`.
+        let entries = Counter::new();
+        crate::totals::Totals::count_in(&self.scope, &format!("{}.state_entries", self.name), &entries);
         self.builder.build(move |capabilities| {
-            let managed = Managed::new(checkpointer, &backend, &name);
+            let mut managed = Managed::new(checkpointer, &backend, &name);
+            managed.entries = Some(entries);
             constructor(capabilities, managed)
         });
     }
@@ -250,6 +263,8 @@ pub struct Managed<S> {
     backend_failed: bool,
     /// The directory of the operator's database, if its keyed states are in one.
     database_dir: Option<std::path::PathBuf>,
+    /// Where the keys its keyed states hold are shown (set at each flush).
+    entries: Option<Counter>,
 }
 
 impl<S> std::fmt::Debug for Managed<S> {
@@ -267,8 +282,15 @@ impl<S: OperatorState> Managed<S> {
         let database_dir = opener.database_dir();
         #[cfg(not(feature = "rocksdb"))]
         let database_dir = None;
-        let mut managed =
-            Managed { state, checkpointer, away: None, is_away: Cell::new(false), backend_failed: false, database_dir };
+        let mut managed = Managed {
+            state,
+            checkpointer,
+            away: None,
+            is_away: Cell::new(false),
+            backend_failed: false,
+            database_dir,
+            entries: None,
+        };
         if let Some(reason) = opener.error() {
             // The states stay in memory; a checkpointed job fails, as on any
             // failure of its backend.
@@ -288,11 +310,16 @@ impl<S: OperatorState> Managed<S> {
     /// job without checkpoints logs it).
     fn flush(&mut self) {
         let mut failed = None;
+        let mut entries = 0;
         self.state.keyed_states(&mut |keyed| {
             if let Err(e) = keyed.flush() {
                 failed.get_or_insert(e);
             }
+            entries += keyed.entries();
         });
+        if let Some(gauge) = &self.entries {
+            gauge.set(entries as u64);
+        }
         if let Some(reason) = failed {
             if !std::mem::replace(&mut self.backend_failed, true) {
                 let error = StateError::Backend { schema: S::SCHEMA, reason };

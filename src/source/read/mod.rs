@@ -47,7 +47,7 @@ use board::Posted;
 use credit::Credit;
 use cuts::SourceCuts;
 use pace::Pacer;
-use partition::Partition;
+use partition::{Partition, PartitionGauges};
 
 /// The streams a source produces.
 #[derive(Debug)]
@@ -170,7 +170,10 @@ where
             }
             None => options.start_offsets.iter().find(|(p, _)| *p == i).map(|(_, o)| *o),
         };
-        queue.push_back(Partition::new(i, source.open(i, from)?, watermark, from));
+        let mut partition = Partition::new(i, source.open(i, from)?, watermark, from);
+        partition.gauges =
+            crate::totals::Totals::of(&scope).map(|totals| PartitionGauges::register(&totals, &options.name, i));
+        queue.push_back(partition);
     }
     tracing::debug!(source = %options.name, worker = index, partitions = queue.len(), "opened source partitions");
     if let Some(c) = checkpoints.as_ref() {
@@ -540,6 +543,7 @@ where
             self.fail(error);
         }
         let any_data = !self.updates.is_empty() || !self.dead_letters.is_empty();
+        let read_now = self.updates.len() as u64;
         if let Some(pacer) = self.pacer.as_mut() {
             let n = self.updates.len() + self.dead_letters.len();
             pacer.took(n);
@@ -574,6 +578,11 @@ where
             }
         }
         partition.settle(batch.status, now);
+        if let Some(gauges) = &partition.gauges {
+            gauges.watermark.set(partition.watermark.current());
+            gauges.offset.set(partition.reader.offset());
+            gauges.records.add(read_now);
+        }
         if partition.done {
             self.highest = self.highest.max(partition.watermark.current());
         }

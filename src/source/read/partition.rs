@@ -39,6 +39,28 @@ pub(super) struct Partition<R> {
     /// reader was told to pause.
     withheld_since: Option<Instant>,
     paused: bool,
+    /// Its watermark, offset and records read, in the job's totals (as
+    /// gauges: `<source>/<partition>.watermark`, `.offset`, `.partition_records`).
+    pub(super) gauges: Option<PartitionGauges>,
+}
+
+/// A partition's gauges in the job's totals.
+#[derive(Clone, Debug, Default)]
+pub(super) struct PartitionGauges {
+    pub(super) watermark: highwater_operators::Counter,
+    pub(super) offset: highwater_operators::Counter,
+    pub(super) records: highwater_operators::Counter,
+}
+
+impl PartitionGauges {
+    /// Registered in `totals` for partition `index` of source `source`.
+    pub(super) fn register(totals: &crate::totals::Totals, source: &str, index: usize) -> Self {
+        let gauges = PartitionGauges::default();
+        totals.count(&format!("{source}/{index}.watermark"), &gauges.watermark);
+        totals.count(&format!("{source}/{index}.offset"), &gauges.offset);
+        totals.count(&format!("{source}/{index}.partition_records"), &gauges.records);
+        gauges
+    }
 }
 
 /// How long flow control holds a partition back before its reader is told
@@ -89,6 +111,7 @@ impl<R: PartitionReader> Partition<R> {
             published: None,
             withheld_since: None,
             paused: false,
+            gauges: None,
         }
     }
 

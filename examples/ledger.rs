@@ -7,6 +7,9 @@
 //! ```sh
 //! cargo run --release --example ledger -- generate /tmp/ledger.jsonl 200 100000
 //! cargo run --release --example ledger -- run /tmp/ledger.jsonl --serve 127.0.0.1:8080 --hold -w 2
+//! # or from a Kafka topic:
+//! cargo run --release --example ledger -- publish 127.0.0.1:9092 ledger /tmp/ledger.jsonl
+//! cargo run --release --example ledger -- run --kafka 127.0.0.1:9092 ledger --serve 127.0.0.1:8080 --hold -w 2
 //! curl localhost:8080/views/balances/acct-7                        # a balance now
 //! curl 'localhost:8080/views/balances/acct-7?as_of=1704070000000'  # as of a past time
 //! curl 'localhost:8080/views/statements?prefix=acct-7/&limit=20'   # its statement, in time order
@@ -43,7 +46,7 @@
 //! number of workers; killed and recovered, the job serves the projections
 //! an uninterrupted run would (`tests/ledger.rs`).
 //!
-//! Arguments of `run`: `LOG [--serve ADDR] [--token T] [--checkpoint-dir DIR]
+//! Arguments of `run`: `LOG|--kafka BROKERS TOPIC [--serve ADDR] [--token T] [--checkpoint-dir DIR]
 //! [--rate EVENTS_PER_S] [--out FILE] [--hold] [timely args]`. `--out`
 //! writes the final projections as JSON; `--hold` keeps serving after the
 //! log ends, until stopped.
@@ -408,8 +411,11 @@ impl Default for Readers {
 /// How to run the ledger.
 #[derive(Clone, Debug, Default)]
 pub struct RunOptions {
-    /// The log.
+    /// The log, a JSON Lines file (unless `kafka` is given).
     pub log: PathBuf,
+    /// The log in a Kafka topic instead: `(brokers, topic)`, read from its
+    /// start to the end it has when the job starts (feature `kafka`).
+    pub kafka: Option<(String, String)>,
     /// Checkpoints (and recovery from the latest) in this directory.
     pub checkpoints: Option<PathBuf>,
     /// At most this many events a second.
@@ -436,10 +442,7 @@ pub fn run(options: &RunOptions, readers: &Readers) -> anyhow::Result<Ran> {
             CheckpointConfig::new(dir.display().to_string()).every(std::time::Duration::from_millis(200)).recovering(),
         );
     }
-    let source = Arc::new(
-        JsonLines::files_with_block_size(&[&options.log], JsonDecoder::<LedgerEvent>::new(), 64 * 1024)
-            .with_context(|| format!("opening the log {}", options.log.display()))?,
-    );
+    let source = LogSource::open(options)?;
     let (readers, rate) = (readers.clone(), options.rate);
     let report = job.run(move |worker| {
         worker.dataflow(|scope| -> anyhow::Result<()> {
@@ -450,8 +453,7 @@ pub fn run(options: &RunOptions, readers: &Readers) -> anyhow::Result<Ran> {
                 rate_limit: rate,
                 ..Default::default()
             };
-            let log =
-                read(scope, Arc::clone(&source), |e: &LedgerEvent| e.time, options, &SourceMetrics::default(), None)?;
+            let log = source.read(scope, options)?;
             let decisions = log.events.process_keyed("Ledger", |e: &LedgerEvent| e.currency.clone(), Decide);
             let postings = decisions.flat_map(|d| match d {
                 Decision::Posted(p) => Some(p),
@@ -474,6 +476,61 @@ pub fn run(options: &RunOptions, readers: &Readers) -> anyhow::Result<Ran> {
         })
     })?;
     Ok(Ran { recovered_from: report.recovered_from, final_checkpoint: report.final_checkpoint })
+}
+
+/// Where the log is read from.
+enum LogSource {
+    File(Arc<JsonLines<JsonDecoder<LedgerEvent>>>),
+    #[cfg(feature = "kafka")]
+    Kafka(Arc<highwater::kafka::KafkaSource<JsonDecoder<LedgerEvent>>>),
+}
+
+impl LogSource {
+    fn open(options: &RunOptions) -> anyhow::Result<LogSource> {
+        if let Some((brokers, topic)) = &options.kafka {
+            #[cfg(feature = "kafka")]
+            {
+                use highwater::kafka::{KafkaConfig, KafkaSource, StopAt};
+                let config = KafkaConfig::new(brokers.clone());
+                let source = KafkaSource::new(config, [topic.clone()], JsonDecoder::<LedgerEvent>::new());
+                return Ok(LogSource::Kafka(Arc::new(source.stop_at(StopAt::Latest))));
+            }
+            #[cfg(not(feature = "kafka"))]
+            bail!("reading the log from Kafka ({brokers}, {topic}) needs the feature kafka");
+        }
+        let file = JsonLines::files_with_block_size(&[&options.log], JsonDecoder::<LedgerEvent>::new(), 64 * 1024)
+            .with_context(|| format!("opening the log {}", options.log.display()))?;
+        Ok(LogSource::File(Arc::new(file)))
+    }
+
+    fn read<'scope>(
+        &self,
+        scope: timely::dataflow::Scope<'scope, Timestamp>,
+        options: SourceOptions,
+    ) -> anyhow::Result<highwater::source::SourceStreams<'scope, LedgerEvent>> {
+        let time = |e: &LedgerEvent| e.time;
+        Ok(match self {
+            LogSource::File(file) => read(scope, Arc::clone(file), time, options, &SourceMetrics::default(), None)?,
+            #[cfg(feature = "kafka")]
+            LogSource::Kafka(topic) => read(scope, Arc::clone(topic), time, options, &SourceMetrics::default(), None)?,
+        })
+    }
+}
+
+/// Appends `log` to the Kafka topic `topic` (made with 3 partitions if it
+/// does not exist), each event keyed by its currency: a currency's events
+/// keep their order.
+#[cfg(feature = "kafka")]
+pub fn publish(brokers: &str, topic: &str, log: &[LedgerEvent]) -> anyhow::Result<()> {
+    use highwater::kafka::{create_topic, KafkaConfig, Producer};
+    let config = KafkaConfig::new(brokers);
+    create_topic(&config, topic, 3)?;
+    let producer = Producer::new(&config)?;
+    for e in log {
+        producer.send(topic, None, Some(e.currency.as_bytes()), &serde_json::to_vec(e)?)?;
+    }
+    producer.flush(std::time::Duration::from_secs(60))?;
+    Ok(())
 }
 
 /// A log of `events` events over `accounts` accounts in EUR and USD, a
@@ -528,8 +585,9 @@ pub fn write_log(path: &Path, log: &[LedgerEvent]) -> anyhow::Result<()> {
 #[allow(dead_code)] // the tests include this file for its functions
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: ledger generate LOG ACCOUNTS EVENTS | ledger run LOG [--serve ADDR] [--token T] \
-                 [--checkpoint-dir DIR] [--rate N] [--out FILE] [--hold] [timely args]";
+    let usage = "usage: ledger generate LOG ACCOUNTS EVENTS | ledger publish BROKERS TOPIC LOG | \
+                 ledger run LOG|--kafka BROKERS TOPIC [--serve ADDR] [--token T] [--checkpoint-dir DIR] [--rate N] \
+                 [--out FILE] [--hold] [timely args]";
     match args.first().map(String::as_str) {
         Some("generate") => {
             let [_, path, accounts, events] = args.as_slice() else { bail!(usage) };
@@ -538,11 +596,29 @@ fn main() -> anyhow::Result<()> {
             println!("{} events written to {path}", log.len());
             Ok(())
         }
+        #[cfg(feature = "kafka")]
+        Some("publish") => {
+            let [_, brokers, topic, path] = args.as_slice() else { bail!(usage) };
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+            let log: Vec<LedgerEvent> =
+                text.lines().filter(|l| !l.trim().is_empty()).map(serde_json::from_str).collect::<Result<_, _>>()?;
+            publish(brokers, topic, &log)?;
+            println!("{} events appended to {topic}", log.len());
+            Ok(())
+        }
         Some("run") => {
-            let log = PathBuf::from(args.get(1).context(usage)?);
-            let mut options = RunOptions { log, ..Default::default() };
+            let first = args.get(1).context(usage)?;
+            let mut options = RunOptions::default();
+            let mut skip = 2;
+            if first == "--kafka" {
+                let (brokers, topic) = (args.get(2).context(usage)?, args.get(3).context(usage)?);
+                options.kafka = Some((brokers.clone(), topic.clone()));
+                skip = 4;
+            } else {
+                options.log = PathBuf::from(first);
+            }
             let (mut serve, mut token, mut out, mut hold) = (None, None, None, false);
-            let mut rest = args[2..].iter();
+            let mut rest = args[skip..].iter();
             while let Some(arg) = rest.next() {
                 let mut value = || rest.next().cloned().with_context(|| format!("{arg} needs a value"));
                 match arg.as_str() {

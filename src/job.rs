@@ -107,7 +107,9 @@ pub struct JobReport<T> {
     /// The job's counters ([`Totals`]) summed over every worker of every
     /// process, on every process: each source's `records`, `dead_letters`
     /// and `late_read`, each operator's `expired` entries (with a state
-    /// time-to-live), and what the program counted. Empty if the job had
+    /// time-to-live), and what the program counted; and gauges as they
+    /// stood at the end (`<operator>.state_entries`, each source partition's
+    /// `<source>/<index>.watermark`, `.offset`, `.partition_records`). Empty if the job had
     /// already completed, or if another process did not report its sums.
     pub totals: BTreeMap<String, u64>,
 }

@@ -12,6 +12,10 @@ mod ledger;
 #[path = "common/crash.rs"]
 mod crash;
 
+#[cfg(feature = "kafka")]
+#[path = "common/kafka.rs"]
+mod kafka;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -227,6 +231,32 @@ fn the_ledger_holds_its_invariants_at_every_served_time() {
     assert_eq!(lines, of_7.iter().map(|p| p.balance).collect::<Vec<_>>(), "acct-7's statement, in time order");
 }
 
+/// The log in a Kafka topic (the test broker, 3 partitions keyed by
+/// currency): the projections are the model's, and a second replay from
+/// the topic's start rebuilds them on another number of workers.
+#[cfg(feature = "kafka")]
+#[test]
+fn the_log_in_a_kafka_topic_gives_the_same_projections() {
+    let broker = kafka::KafkaBroker::start();
+    let log = ledger::generate(60, 20_000, 5);
+    let expected = model(&log).projections;
+    ledger::publish(&broker.brokers(), "ledger", &log).unwrap();
+    for workers in ["2", "3"] {
+        let readers = Readers::new();
+        let options = RunOptions {
+            kafka: Some((broker.brokers(), "ledger".into())),
+            timely: args(&["-w", workers]),
+            ..Default::default()
+        };
+        ledger::run(&options, &readers).unwrap();
+        let found = readers.projections();
+        assert_eq!(found.balances, expected.balances, "-w {workers}: balances");
+        assert_eq!(found.daily, expected.daily, "-w {workers}: daily totals");
+        assert_eq!(found.rejections, expected.rejections, "-w {workers}: rejections");
+        assert!(found.statements == expected.statements, "-w {workers}: statements");
+    }
+}
+
 /// A child process of the crash test: runs the ledger as the environment
 /// variable `LEDGER_CHILD` says (`log;checkpoints;out`), writing its
 /// projections to `out` when the log ends.
@@ -241,6 +271,7 @@ fn child_job() {
         checkpoints: Some(checkpoints.into()),
         rate: Some(8_000.0),
         timely: args(&["-w", "2"]),
+        ..Default::default()
     };
     let ran = ledger::run(&options, &readers).unwrap();
     assert!(ran.final_checkpoint);

@@ -490,6 +490,31 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                         records.append(batch);
                     }
                 });
+                // Key `k`'s state expired at `x` (event time): forgotten; with
+                // retractions, what `on_expire` emits (into `buffer`) goes out
+                // at `x`, the timers it sets at or after it, and the hold's
+                // promise at `x` is kept.
+                macro_rules! expire_at {
+                    ($entry:expr, $k:expr, $x:expr, $buffer:expr) => {{
+                        let x = $x;
+                        $entry.stamp.ttl().expect("a time-to-live keeps stamps").written = Timestamp::MAX;
+                        if ttl.is_some_and(|t| t.retracts()) {
+                            let mut ctx = $entry.context($k, &mut scheduled, &mut $buffer, watermark);
+                            process.on_expire(&mut ctx, x);
+                            for later in scheduled.drain(..) {
+                                let emit_at = later.max(x);
+                                hold.promise(emit_at);
+                                st.timers.schedule(later, ($k.clone(), emit_at));
+                            }
+                            if !$buffer.is_empty() {
+                                output.session(&hold.at(x)).give_iterator($buffer.drain(..));
+                            }
+                            hold.remove(x);
+                        }
+                        $entry.state = None;
+                        expired.add(1);
+                    }};
+                }
                 // Expiries, records and timers in time order: a state that
                 // expires at `e` (the watermark passed its refresh plus the
                 // time-to-live) is gone for the records that arrive at `e` and
@@ -523,22 +548,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                                             // Refreshed since: due later.
                                             st.expiring.bring_forward(&mut stamp.timer, expires, &k);
                                         } else {
-                                            stamp.written = Timestamp::MAX;
-                                            if ttl.retracts() {
-                                                let mut ctx = entry.context(&k, &mut scheduled, &mut out, watermark);
-                                                process.on_expire(&mut ctx, e);
-                                                for later in scheduled.drain(..) {
-                                                    let emit_at = later.max(e);
-                                                    hold.promise(emit_at);
-                                                    st.timers.schedule(later, (k.clone(), emit_at));
-                                                }
-                                                if !out.is_empty() {
-                                                    output.session(&hold.at(e)).give_iterator(out.drain(..));
-                                                }
-                                                hold.remove(e);
-                                            }
-                                            entry.state = None;
-                                            expired.add(1);
+                                            expire_at!(entry, &k, e, out);
                                         }
                                     }
                                 }
@@ -597,22 +607,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
                                     let stamp = entry.stamp.ttl().expect("a time-to-live keeps stamps");
                                     let expires = ttl.expires_at(stamp.written);
                                     if entry.state.is_some() && stamp.written != Timestamp::MAX && expires <= at {
-                                        stamp.written = Timestamp::MAX;
-                                        if ttl.retracts() {
-                                            let mut ctx = entry.context(&k, &mut scheduled, &mut retracted, watermark);
-                                            process.on_expire(&mut ctx, expires);
-                                            for later in scheduled.drain(..) {
-                                                let emit_at = later.max(expires);
-                                                hold.promise(emit_at);
-                                                st.timers.schedule(later, (k.clone(), emit_at));
-                                            }
-                                            if !retracted.is_empty() {
-                                                output.session(&hold.at(expires)).give_iterator(retracted.drain(..));
-                                            }
-                                            hold.remove(expires);
-                                        }
-                                        entry.state = None;
-                                        expired.add(1);
+                                        expire_at!(entry, &k, expires, retracted);
                                     }
                                 }
                                 let mut ctx = entry.context(&k, &mut scheduled, &mut out, watermark);

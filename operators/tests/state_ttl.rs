@@ -36,6 +36,49 @@ type Pair = ((u16, u16), u64);
 
 const TTL: u64 = 120;
 
+/// An output summed over the (timely) times each record travelled at:
+/// records carry their event time in them.
+fn net<R: Ord + Clone>(output: &Output<R>) -> BTreeMap<R, i64> {
+    let mut out = BTreeMap::new();
+    for ((row, _), diff) in output {
+        *out.entry(row.clone()).or_default() += diff;
+    }
+    out.retain(|_, d| *d != 0);
+    out
+}
+
+/// An output as it is, by record and timely time, zeros left out.
+fn by_time_of<O: Ord + Clone>(output: &Output<O>) -> BTreeMap<(O, u64), i64> {
+    let mut out = output.clone();
+    out.retain(|_, d| *d != 0);
+    out
+}
+
+/// Runs `build` uninterrupted and checkpointed at `cut` (on `before`
+/// workers, recovered onto `after`): both outputs, read by `read`, are the
+/// model's `want`.
+fn recovers_as<D, O, B, R>(
+    input: &[Input<D>],
+    cut: u64,
+    (before, after): (usize, usize),
+    build: B,
+    read: fn(&Output<O>) -> R,
+    want: R,
+) -> Result<(), TestCaseError>
+where
+    D: highwater_operators::key::Data + Send + Sync,
+    O: highwater_operators::key::Data + Ord + Send,
+    B: for<'s> Fn(&EventStream<'s, D>) -> EventStream<'s, O> + Send + Sync + 'static,
+    R: PartialEq + std::fmt::Debug,
+{
+    let run = check_recovery(input, cut, before, after, build);
+    prop_assert!(run.failures.is_empty(), "{:?}", run.failures);
+    prop_assert!(run.unsupported.is_empty(), "{:?}", run.unsupported);
+    prop_assert_eq!(read(&run.expected), want, "uninterrupted");
+    prop_assert_eq!(read(&run.recovered), read(&run.expected), "recovered");
+    Ok(())
+}
+
 /// Random records of both sides: arrival times in [0, 2000), event times up
 /// to 300 before or after the arrival (those behind it are late), some
 /// retracted a little later at their own event time.
@@ -87,16 +130,6 @@ fn model(input: &[Input<Rec>], ttl: StateTtl) -> BTreeMap<Pair, i64> {
     out
 }
 
-/// An output by pair and event time, summed over the times it travelled at.
-fn by_event_time(output: &Output<Pair>) -> BTreeMap<Pair, i64> {
-    let mut out = BTreeMap::new();
-    for ((pair, _), diff) in output {
-        *out.entry(*pair).or_default() += diff;
-    }
-    out.retain(|_, d| *d != 0);
-    out
-}
-
 fn joined(expiry: Expiry) -> impl for<'s> Fn(&EventStream<'s, Rec>) -> EventStream<'s, Pair> + Send + Sync + 'static {
     move |records| {
         let lefts = records.filter(|r: &Rec| r.0);
@@ -114,19 +147,13 @@ proptest! {
     #[test]
     fn expiring_silently_joins_what_is_within_the_ttl(input in records(), cut in 1u64..2200, (before, after) in workers()) {
         let ttl = StateTtl::event_time(TTL);
-        let run = check_recovery(&input, cut, before, after, joined(Expiry::Silent));
-        prop_assert!(run.failures.is_empty(), "{:?}", run.failures);
-        prop_assert_eq!(by_event_time(&run.expected), model(&input, ttl));
-        prop_assert_eq!(by_event_time(&run.recovered), model(&input, ttl));
+        recovers_as(&input, cut, (before, after), joined(Expiry::Silent), net, model(&input, ttl))?;
     }
 
     #[test]
     fn expiring_with_retractions_retracts_every_pair(input in records(), cut in 1u64..2200, (before, after) in workers()) {
         let ttl = StateTtl::event_time(TTL).expiry(Expiry::Retract);
-        let run = check_recovery(&input, cut, before, after, joined(Expiry::Retract));
-        prop_assert!(run.failures.is_empty(), "{:?}", run.failures);
-        prop_assert_eq!(by_event_time(&run.expected), model(&input, ttl));
-        prop_assert_eq!(by_event_time(&run.recovered), model(&input, ttl));
+        recovers_as(&input, cut, (before, after), joined(Expiry::Retract), net, model(&input, ttl))?;
     }
 }
 
@@ -143,7 +170,7 @@ fn expired_records_leave_the_checkpoint() {
     assert!(held > 0, "the records within the TTL of the cut are held");
     // A record is held by its key's list: one entry per side at most.
     assert!(held <= 2, "expired records are forgotten: {held} entries");
-    let pairs = by_event_time(&run.expected).len();
+    let pairs = net(&run.expected).len();
     let model = model(&input, StateTtl::event_time(TTL)).len();
     assert_eq!(pairs, model);
 }
@@ -227,15 +254,6 @@ fn table_model(input: &[Input<Up>], ttl: StateTtl) -> BTreeMap<Row, i64> {
     out
 }
 
-fn by_time(output: &Output<Row>) -> BTreeMap<Row, i64> {
-    let mut out = BTreeMap::new();
-    for ((row, _), diff) in output {
-        *out.entry(*row).or_default() += diff;
-    }
-    out.retain(|_, d| *d != 0);
-    out
-}
-
 fn table(expiry: Expiry) -> impl for<'s> Fn(&EventStream<'s, Up>) -> EventStream<'s, Row> + Send + Sync + 'static {
     move |upserts| {
         let ttl = StateTtl::event_time(TTL).expiry(expiry);
@@ -250,19 +268,13 @@ proptest! {
     #[test]
     fn tables_expiring_silently_keep_what_they_said(input in upserts(), cut in 1u64..2200, (before, after) in workers()) {
         let ttl = StateTtl::event_time(TTL);
-        let run = check_recovery(&input, cut, before, after, table(Expiry::Silent));
-        prop_assert!(run.failures.is_empty(), "{:?}", run.failures);
-        prop_assert_eq!(by_time(&run.expected), table_model(&input, ttl));
-        prop_assert_eq!(by_time(&run.recovered), table_model(&input, ttl));
+        recovers_as(&input, cut, (before, after), table(Expiry::Silent), net, table_model(&input, ttl))?;
     }
 
     #[test]
     fn tables_expiring_with_retractions_hold_only_live_values(input in upserts(), cut in 1u64..2200, (before, after) in workers()) {
         let ttl = StateTtl::event_time(TTL).expiry(Expiry::Retract);
-        let run = check_recovery(&input, cut, before, after, table(Expiry::Retract));
-        prop_assert!(run.failures.is_empty(), "{:?}", run.failures);
-        prop_assert_eq!(by_time(&run.expected), table_model(&input, ttl));
-        prop_assert_eq!(by_time(&run.recovered), table_model(&input, ttl));
+        recovers_as(&input, cut, (before, after), table(Expiry::Retract), net, table_model(&input, ttl))?;
     }
 }
 
@@ -350,31 +362,19 @@ fn counted(
     }
 }
 
-fn by_timely_time(output: &Output<(u8, u64)>) -> BTreeMap<((u8, u64), u64), i64> {
-    let mut out = output.clone();
-    out.retain(|_, d| *d != 0);
-    out
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
 
     #[test]
     fn counts_expiring_silently_start_afresh(input in clicks(), cut in 1u64..2200, (before, after) in workers()) {
         let ttl = StateTtl::event_time(TTL);
-        let run = check_recovery(&input, cut, before, after, counted(Expiry::Silent));
-        prop_assert!(run.failures.is_empty(), "{:?}", run.failures);
-        prop_assert_eq!(by_timely_time(&run.expected), count_model(&input, ttl));
-        prop_assert_eq!(by_timely_time(&run.recovered), count_model(&input, ttl));
+        recovers_as(&input, cut, (before, after), counted(Expiry::Silent), by_time_of, count_model(&input, ttl))?;
     }
 
     #[test]
     fn counts_expiring_with_retractions_hold_only_live_keys(input in clicks(), cut in 1u64..2200, (before, after) in workers()) {
         let ttl = StateTtl::event_time(TTL).expiry(Expiry::Retract);
-        let run = check_recovery(&input, cut, before, after, counted(Expiry::Retract));
-        prop_assert!(run.failures.is_empty(), "{:?}", run.failures);
-        prop_assert_eq!(by_timely_time(&run.expected), count_model(&input, ttl));
-        prop_assert_eq!(by_timely_time(&run.recovered), count_model(&input, ttl));
+        recovers_as(&input, cut, (before, after), counted(Expiry::Retract), by_time_of, count_model(&input, ttl))?;
     }
 }
 
@@ -467,10 +467,7 @@ proptest! {
     #[test]
     fn stream_table_joins_see_only_live_values(input in mixed(), cut in 1u64..2200, (before, after) in workers()) {
         let ttl = StateTtl::event_time(TTL).expiry(Expiry::Retract);
-        let run = check_recovery(&input, cut, before, after, enriched(Expiry::Retract));
-        prop_assert!(run.failures.is_empty(), "{:?}", run.failures);
-        prop_assert_eq!(by_event_time(&run.expected), enriched_model(&input, ttl));
-        prop_assert_eq!(by_event_time(&run.recovered), enriched_model(&input, ttl));
+        recovers_as(&input, cut, (before, after), enriched(Expiry::Retract), net, enriched_model(&input, ttl))?;
     }
 }
 
@@ -609,18 +606,8 @@ proptest! {
     /// both refresh modes, recovered onto another number of workers.
     #[test]
     fn keyed_process_states_expire_as_the_model_says(input in deposits(), ttl in ttls(), cut in 1u64..2200, (before, after) in workers()) {
-        let run = check_recovery(&input, cut, before, after, summed(ttl));
-        prop_assert!(run.failures.is_empty(), "{:?}", run.failures);
-        let want = sums_model(&input, ttl);
-        prop_assert_eq!(by_time_of(&run.expected), want.clone(), "{:?}", ttl);
-        prop_assert_eq!(by_time_of(&run.recovered), want, "{:?} recovered", ttl);
+        recovers_as(&input, cut, (before, after), summed(ttl), by_time_of, sums_model(&input, ttl))?;
     }
-}
-
-fn by_time_of<O: Ord + Clone>(output: &Output<O>) -> BTreeMap<(O, u64), i64> {
-    let mut out = output.clone();
-    out.retain(|_, d| *d != 0);
-    out
 }
 
 /// Keys whose state expired leave the checkpoint; a read refreshes a key
@@ -717,15 +704,6 @@ fn joined_tables() -> impl for<'s> Fn(&EventStream<'s, SideUp>) -> EventStream<'
     }
 }
 
-fn by_time_joined(output: &Output<JoinedRow>) -> BTreeMap<JoinedRow, i64> {
-    let mut out = BTreeMap::new();
-    for ((row, _), diff) in output {
-        *out.entry(*row).or_default() += diff;
-    }
-    out.retain(|_, d| *d != 0);
-    out
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
 
@@ -735,12 +713,7 @@ proptest! {
     #[test]
     fn table_joins_of_expiring_tables_hold_only_live_rows(input in side_upserts(), cut in 1u64..2200, (before, after) in workers()) {
         let ttl = StateTtl::event_time(TTL).expiry(Expiry::Retract);
-        let run = check_recovery(&input, cut, before, after, joined_tables());
-        prop_assert!(run.failures.is_empty(), "{:?}", run.failures);
-        prop_assert!(run.unsupported.is_empty(), "{:?}", run.unsupported);
-        let want = joined_tables_model(&input, ttl);
-        prop_assert_eq!(by_time_joined(&run.expected), want.clone());
-        prop_assert_eq!(by_time_joined(&run.recovered), want);
+        recovers_as(&input, cut, (before, after), joined_tables(), net, joined_tables_model(&input, ttl))?;
     }
 }
 

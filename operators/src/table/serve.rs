@@ -589,11 +589,11 @@ impl<K: Key, V: Data + PartialEq> TableReader<K, V> {
             return Err(AsOfError::NotComplete { as_of, watermark });
         }
         let shards = self.shards();
-        for shard in &shards {
-            let horizon = shard.read().horizon;
-            if horizon > upto {
-                return Err(AsOfError::BeforeHistory { as_of, earliest: horizon - 1 });
-            }
+        // The history starts where the shard that kept the least of it
+        // starts ([`earliest`](Self::earliest)): the error names that time.
+        let horizon = shards.iter().map(|s| s.read().horizon).max().unwrap_or(0);
+        if horizon > upto {
+            return Err(AsOfError::BeforeHistory { as_of, earliest: horizon - 1 });
         }
         Ok(TableRead { shards, upto, _hold: hold })
     }

@@ -1005,12 +1005,14 @@ fn a_damaged_committed_checkpoint_is_recovered_from_the_one_before_and_no_row_is
         cmd.args(["nexmark", "-q", "q0", "--kafka", &brokers, "--topic", "events", "--to", "latest"])
             .arg("--checkpoint-dir")
             .arg(&checkpoints)
-            .args(["--checkpoint-interval", interval, "--recover", "--output-topic", "rows", "--exactly-once"])
-            .args(["--", "-w", "2"]);
+            .args(["--checkpoint-interval", interval, "--recover", "--output-topic", "rows", "--exactly-once"]);
         if let Some(point) = kill_at {
-            cmd.env("HIGHWATER_KILL_AT", point);
+            // Paced, so that four checkpoints commit before the input ends
+            // also when the machine is busy (every commit waits for the
+            // broker to take the rows produced since the last one).
+            cmd.env("HIGHWATER_KILL_AT", point).args(["--rate-limit", "60000"]);
         }
-        cmd.output().unwrap()
+        cmd.args(["--", "-w", "2"]).output().unwrap()
     };
     // Checkpoint 3 committed; 4's manifest written, its commit killed.
     let out = job(Some("sink-commit:4"), "100ms");

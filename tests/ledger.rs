@@ -124,6 +124,15 @@ fn balances_as_of(postings: &[Posting], t: u64) -> BTreeMap<String, Balance> {
     balances
 }
 
+/// Each projection the job served is the model's (statements compared
+/// without printing them: they are tens of thousands of lines).
+fn same_projections(found: &Projections, expected: &Projections, what: &str) {
+    assert_eq!(found.balances, expected.balances, "{what}: balances");
+    assert_eq!(found.daily, expected.daily, "{what}: daily totals");
+    assert_eq!(found.rejections, expected.rejections, "{what}: rejections");
+    assert!(found.statements == expected.statements, "{what}: statements");
+}
+
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
@@ -152,10 +161,7 @@ fn the_projections_are_the_models_on_any_layout_and_a_replay_rebuilds_them() {
         let options = RunOptions { log: path.clone(), timely: args(&["-w", workers]), ..Default::default() };
         ledger::run(&options, &readers).unwrap();
         let found = readers.projections();
-        assert_eq!(found.balances, expected.balances, "-w {workers}: balances");
-        assert_eq!(found.daily, expected.daily, "-w {workers}: daily totals");
-        assert_eq!(found.rejections, expected.rejections, "-w {workers}: rejections");
-        assert!(found.statements == expected.statements, "-w {workers}: statements");
+        same_projections(&found, &expected, &format!("-w {workers}"));
     }
 }
 
@@ -250,10 +256,7 @@ fn the_log_in_a_kafka_topic_gives_the_same_projections() {
         };
         ledger::run(&options, &readers).unwrap();
         let found = readers.projections();
-        assert_eq!(found.balances, expected.balances, "-w {workers}: balances");
-        assert_eq!(found.daily, expected.daily, "-w {workers}: daily totals");
-        assert_eq!(found.rejections, expected.rejections, "-w {workers}: rejections");
-        assert!(found.statements == expected.statements, "-w {workers}: statements");
+        same_projections(&found, &expected, &format!("-w {workers}"));
     }
 }
 
@@ -306,8 +309,5 @@ fn killed_with_sigkill_and_recovered_it_serves_what_an_uninterrupted_run_serves(
     assert!(status.success(), "{child_log}");
     assert!(child_log.contains("recovered from Some("), "the last run resumed from a checkpoint: {child_log}");
     let found: Projections = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
-    assert_eq!(found.balances, expected.balances, "balances");
-    assert_eq!(found.daily, expected.daily, "daily totals");
-    assert_eq!(found.rejections, expected.rejections, "rejections");
-    assert!(found.statements == expected.statements, "statements");
+    same_projections(&found, &expected, "after the kills");
 }

@@ -278,8 +278,19 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
                 input.for_each_stamp(|cap, data| {
                     let arrived = arrival_time(&cap);
                     for batch in data {
-                        for ((k, v), time, diff) in batch.drain(..) {
-                            op.take(tables, k, v, time, diff, arrived);
+                        if tables.prefetches() {
+                            tables.prefetch(batch.iter().map(|((k, _), _, _)| k));
+                        }
+                        let mut updates = batch.drain(..);
+                        loop {
+                            let chunk = updates.as_slice();
+                            if chunk.is_empty() {
+                                break;
+                            }
+                            touch(tables, chunk[..chunk.len().min(TOUCH_AHEAD)].iter().map(|((k, _), _, _)| k));
+                            for ((k, v), time, diff) in updates.by_ref().take(TOUCH_AHEAD) {
+                                op.take(tables, k, v, time, diff, arrived);
+                            }
                         }
                     }
                     give_all(&mut log, &cap, &mut op.log);
@@ -625,8 +636,14 @@ impl<K: Key, V: Data + PartialEq> UpsertOp<K, V> {
             return;
         }
         while let Some((time, keys)) = self.due.pop_due(watermark) {
-            for k in keys {
-                let Some(history) = tables.get_mut(&k) else { continue };
+            if tables.prefetches() {
+                tables.prefetch(keys.iter());
+            }
+            for (i, k) in keys.iter().enumerate() {
+                if i % TOUCH_AHEAD == 0 {
+                    touch(tables, keys[i..].iter().take(TOUCH_AHEAD));
+                }
+                let Some(history) = tables.get_mut(k) else { continue };
                 let (compacts, checks_expiry) = (history.scheduled == time, history.expiring == time);
                 if !compacts && !checks_expiry {
                     continue;
@@ -643,12 +660,12 @@ impl<K: Key, V: Data + PartialEq> UpsertOp<K, V> {
                 // with the upsert that set it).
                 let expires = self.ttl.and_then(|ttl| history.expires_from(ttl));
                 if expires.is_some_and(|e| e <= horizon.saturating_add(1)) {
-                    tables.remove(&k);
+                    tables.remove(k);
                     self.expired.add(1);
                     continue;
                 }
                 if history.compact(horizon) {
-                    tables.remove(&k);
+                    tables.remove(k);
                     continue;
                 }
                 if history.scheduled == Timestamp::MAX {
@@ -659,8 +676,29 @@ impl<K: Key, V: Data + PartialEq> UpsertOp<K, V> {
                     }
                 }
                 // Not expired yet: due after the watermark.
-                self.schedule_expiry(history, &k);
+                self.schedule_expiry(history, k);
             }
+        }
+    }
+}
+
+/// How many keys' histories are read ahead of their upserts
+/// ([`touch`]).
+const TOUCH_AHEAD: usize = 32;
+
+/// Reads the histories of `keys` (in memory) so that the updates which
+/// follow find them in the cache: the table is bound by memory latency (a
+/// random key's hash slot and its version list are two cache misses), and
+/// a short loop of independent lookups keeps many misses in flight where
+/// an upsert's own work, longer, keeps about one.
+fn touch<'a, K: Key + 'a, V: Data>(tables: &mut KeyedState<K, History<V>>, keys: impl Iterator<Item = &'a K>) {
+    if tables.prefetches() {
+        return;
+    }
+    for k in keys {
+        if let Some(history) = tables.get(k) {
+            // Its timers too: a hash slot may straddle two cache lines.
+            std::hint::black_box((history.versions.last().map(|(t, _)| *t), history.scheduled, history.expiring));
         }
     }
 }

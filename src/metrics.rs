@@ -26,7 +26,9 @@
 //! | `highwater_partition_watermark_lag_seconds` | gauge | `source`, `partition` |
 //! | `highwater_partition_offset` | gauge | `source`, `partition` (where it reads next: a file's byte, a Kafka offset) |
 //! | `highwater_partition_records_total` | counter | `source`, `partition` |
-//! | `highwater_state_entries` | gauge | `operator` (keys in its keyed state, this process) |
+//! | `highwater_partition_read_bytes_total` | counter | `source`, `partition` (sources that count bytes: files, Kafka, MQTT, PostgreSQL) |
+//! | `highwater_state_entries` | gauge | `operator` (entries in its state: keys of its keyed state, window slots, records waiting for the watermark; this process) |
+//! | `highwater_state_bytes` | gauge | `operator` (its state encoded as a checkpoint writes it, estimated from a sample of 64 entries about once a second, this process) |
 //! | `highwater_checkpoints_total` | counter | `outcome` (`completed`, `failed`) |
 //! | `highwater_checkpoint_written_bytes_total` | counter | |
 //! | `highwater_checkpoint_duration_seconds` | gauge | (the latest checkpoint's) |
@@ -179,6 +181,10 @@ impl JobMetrics {
                 .iter()
                 .filter_map(|(n, v)| Some((n.strip_suffix(".state_entries")?.to_owned(), *v)))
                 .collect::<std::collections::BTreeMap<_, _>>(),
+            "state_bytes": totals
+                .iter()
+                .filter_map(|(n, v)| Some((n.strip_suffix(".state_bytes")?.to_owned(), *v)))
+                .collect::<std::collections::BTreeMap<_, _>>(),
             "operators": self.activity.as_ref().map(Activity::operators).unwrap_or_default(),
             "checkpoints": self.checkpoints.as_ref().map(|c| {
                 let counts = c.read();
@@ -212,6 +218,9 @@ impl JobMetrics {
                 "offset" => {
                     entry.insert("offset".into(), (*value).into());
                 }
+                "partition_bytes" => {
+                    entry.insert("bytes".into(), (*value).into());
+                }
                 _ => {
                     entry.insert("records".into(), (*value).into());
                 }
@@ -235,8 +244,9 @@ impl JobMetrics {
 fn partition_of(name: &str) -> Option<(&str, &str, &str)> {
     let (path, what) = name.rsplit_once('.')?;
     let (source, index) = path.rsplit_once('/')?;
-    (index.bytes().all(|b| b.is_ascii_digit()) && matches!(what, "watermark" | "offset" | "partition_records"))
-        .then_some((source, index, what))
+    (index.bytes().all(|b| b.is_ascii_digit())
+        && matches!(what, "watermark" | "offset" | "partition_records" | "partition_bytes"))
+    .then_some((source, index, what))
 }
 
 /// A counter of the job's totals, by the name it is registered under.
@@ -260,7 +270,7 @@ fn classify(name: &str) -> (Named<'_>, bool) {
     if partition_of(name).is_some() {
         return (Named::Gauge, false);
     }
-    if name.ends_with(".state_entries") {
+    if name.ends_with(".state_entries") || name.ends_with(".state_bytes") {
         return (Named::Gauge, false);
     }
     const SOURCE: [(&str, &str, &str, bool); 6] = [
@@ -358,16 +368,26 @@ impl Collector for JobMetrics {
                 }
             }
         }
-        let entries: Vec<(&str, u64)> =
-            local.iter().filter_map(|(n, v)| Some((n.strip_suffix(".state_entries")?, *v))).collect();
-        if !entries.is_empty() {
-            let mut family = encoder.encode_descriptor(
+        for (suffix, metric, help) in [
+            (
+                ".state_entries",
                 "highwater_state_entries",
-                "Keys held in an operator's keyed state, in this process.",
-                None,
-                prometheus_client::metrics::MetricType::Gauge,
-            )?;
-            for (op, n) in entries {
+                "Entries in an operator's state (keys, window slots, records waiting), in this process.",
+            ),
+            (
+                ".state_bytes",
+                "highwater_state_bytes",
+                "An operator's state, encoded, estimated from a sample, in this process.",
+            ),
+        ] {
+            let values: Vec<(&str, u64)> =
+                local.iter().filter_map(|(n, v)| Some((n.strip_suffix(suffix)?, *v))).collect();
+            if values.is_empty() {
+                continue;
+            }
+            let mut family =
+                encoder.encode_descriptor(metric, help, None, prometheus_client::metrics::MetricType::Gauge)?;
+            for (op, n) in values {
                 ConstGauge::new(n as i64).encode(family.encode_family(&[("operator", op)])?)?;
             }
         }
@@ -378,7 +398,7 @@ impl Collector for JobMetrics {
         if !partitions.is_empty() {
             let now = now_seconds();
             type Family = (&'static str, &'static str, &'static str, prometheus_client::metrics::MetricType);
-            let families: [Family; 4] = [
+            let families: [Family; 5] = [
                 (
                     "watermark",
                     "highwater_partition_watermark_seconds",
@@ -401,6 +421,12 @@ impl Collector for JobMetrics {
                     "partition_records",
                     "highwater_partition_records",
                     "Records read from a source partition.",
+                    prometheus_client::metrics::MetricType::Counter,
+                ),
+                (
+                    "partition_bytes",
+                    "highwater_partition_read_bytes",
+                    "Bytes of input a source partition consumed (a file's lines, Kafka keys and payloads, MQTT topics and payloads, pgoutput messages).",
                     prometheus_client::metrics::MetricType::Counter,
                 ),
             ];

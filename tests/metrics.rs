@@ -9,39 +9,10 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A sample: metric, its labels (sorted), value.
-type Sample = (String, Vec<(String, String)>, f64);
+#[path = "common/prometheus.rs"]
+mod prometheus;
 
-/// The samples of a scrape.
-fn scrape(url: &str) -> Vec<Sample> {
-    let body = ureq::get(url).call().expect("the metrics are served").into_string().expect("a text body");
-    let lines = body.lines().map(|l| Ok(l.to_owned()));
-    let parsed = prometheus_parse::Scrape::parse(lines).expect("the Prometheus text format");
-    parsed
-        .samples
-        .into_iter()
-        .map(|s| {
-            let value = match s.value {
-                prometheus_parse::Value::Counter(v)
-                | prometheus_parse::Value::Gauge(v)
-                | prometheus_parse::Value::Untyped(v) => v,
-                other => panic!("{}: unexpected {other:?}", s.metric),
-            };
-            let mut labels: Vec<(String, String)> = s.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-            labels.sort();
-            (s.metric, labels, value)
-        })
-        .collect()
-}
-
-fn value(samples: &[Sample], metric: &str, label: Option<(&str, &str)>) -> Option<f64> {
-    samples
-        .iter()
-        .find(|(m, labels, _)| {
-            m == metric && label.is_none_or(|(k, v)| labels.iter().any(|(lk, lv)| lk == k && lv == v))
-        })
-        .map(|s| s.2)
-}
+use prometheus::{scrape, value};
 
 #[test]
 fn a_running_job_serves_its_metrics() {
@@ -64,10 +35,10 @@ fn a_running_job_serves_its_metrics() {
     };
     std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
     std::thread::sleep(Duration::from_secs(2));
-    let first = scrape(&url);
+    let first = scrape(&url, None);
     let at = Instant::now();
     std::thread::sleep(Duration::from_secs(2));
-    let second = scrape(&url);
+    let second = scrape(&url, None);
     let elapsed = at.elapsed().as_secs_f64();
     child.kill().unwrap();
     child.wait().unwrap();

@@ -8,6 +8,11 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "common/prometheus.rs"]
+mod prometheus;
+
+use prometheus::{value as sample, Sample};
+
 const TOKEN: &str = "s3cret-token";
 
 /// The job, killed when dropped.
@@ -59,33 +64,9 @@ fn status(base: &str) -> serde_json::Value {
     serde_json::from_str(&get(&format!("{base}/status"), Some(TOKEN)).expect("the status")).expect("JSON")
 }
 
-/// A sample of a scrape: metric, labels, value.
-type Sample = (String, Vec<(String, String)>, f64);
-
-/// The samples of a scrape.
+/// The samples of the job's metrics.
 fn scrape(base: &str) -> Vec<Sample> {
-    let body = get(&format!("{base}/metrics"), Some(TOKEN)).expect("the metrics");
-    let parsed = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).expect("the text format");
-    parsed
-        .samples
-        .into_iter()
-        .map(|s| {
-            let value = match s.value {
-                prometheus_parse::Value::Counter(v)
-                | prometheus_parse::Value::Gauge(v)
-                | prometheus_parse::Value::Untyped(v) => v,
-                other => panic!("{}: unexpected {other:?}", s.metric),
-            };
-            (s.metric, s.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(), value)
-        })
-        .collect()
-}
-
-fn sample(samples: &[Sample], metric: &str, label: Option<(&str, &str)>) -> Option<f64> {
-    samples
-        .iter()
-        .find(|(m, labels, _)| m == metric && label.is_none_or(|(k, v)| labels.iter().any(|(a, b)| a == k && b == v)))
-        .map(|s| s.2)
+    prometheus::scrape(&format!("{base}/metrics"), Some(TOKEN))
 }
 
 /// The text of the element with `id` in a rendered DOM.
@@ -160,10 +141,25 @@ fn a_running_job_serves_its_status_page_result_and_metrics() {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
     assert!((lag - (now - source)).abs() < 10.0, "lag {lag} against the wall clock minus {source}");
 
+    // State: every stateful operator's entries and their size, encoded,
+    // which the latest checkpoint (of the same state, every 300 ms)
+    // measures exactly, each entry framed with its route and length (a
+    // hash's varint and a byte): the two agree within a sample's error and
+    // the state's change between them.
+    let state_bytes = prometheus::sum(&m2, "highwater_state_bytes");
+    let entries = prometheus::sum(&m2, "highwater_state_entries");
+    let checkpointed = sample(&m2, "highwater_checkpoint_state_bytes", None).unwrap();
+    let framed = state_bytes + 11.0 * entries;
+    assert!(
+        framed > checkpointed * 0.8 && framed < checkpointed * 1.25,
+        "the operators' {entries} entries are estimated at {state_bytes} bytes ({framed} framed), \
+         the latest checkpoint's at {checkpointed}"
+    );
+    assert!(first["state_bytes"]["BidsPerAuction"].as_u64().is_some(), "{}", first["state_bytes"]);
+
     // Per partition: watermarks, offsets and records, which sum to the source's.
     let records = sample(&m2, "highwater_source_records_total", Some(("source", "Nexmark"))).unwrap();
-    let by_partition: f64 =
-        m2.iter().filter(|(m, _, _)| m == "highwater_partition_records_total").map(|(_, _, v)| v).sum();
+    let by_partition = prometheus::sum(&m2, "highwater_partition_records_total");
     // (Read one after the other while the source reads on: within a few batches.)
     assert!(
         (by_partition - records).abs() <= 5_000.0 + records * 0.02,

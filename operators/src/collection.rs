@@ -111,6 +111,15 @@ impl OperatorState for Accumulation {
     type Entry = (Option<Timestamp>, Vec<u8>, Diff);
     type Prepared = ();
 
+    /// The records of the accumulation, settled and pending.
+    fn held(&self) -> (usize, u64) {
+        let pending: usize = self.pending.values().map(Vec::len).sum();
+        let n = self.settled.len() + pending;
+        let settled = self.settled.iter().map(|(bytes, diff)| (None, bytes, diff));
+        let later = self.pending.iter().flat_map(|(t, u)| u.iter().map(move |(bytes, diff)| (Some(*t), bytes, diff)));
+        (n, crate::state::sampled_size(n, settled.chain(later)))
+    }
+
     /// The accumulation as checkpoint entries, routed by the record's bytes.
     fn snapshot(&self, (): (), out: &mut Snapshot) {
         out.reserve(self.settled.len());

@@ -79,6 +79,13 @@ where
         each(&mut self.table);
     }
 
+    /// The updates waiting for the watermark.
+    fn held(&self) -> (usize, u64) {
+        let n = self.pending.values().map(Vec::len).sum();
+        let updates = self.pending.iter().flat_map(|(t, updates)| updates.iter().map(move |u| (t, u)));
+        (n, crate::state::sampled_size(n, updates))
+    }
+
     /// Splits for incremental checkpoints: an entry per key of the table
     /// (with the key's waiting input, if any), and the waiting input of keys
     /// not in it on their own, which restore merges.

@@ -387,6 +387,7 @@ impl<M: MessageDecode> Source for KafkaSource<M> {
             end,
             last_error: None,
             stopped: Arc::clone(&self.stopped),
+            bytes: 0,
         })
     }
 }
@@ -409,6 +410,8 @@ pub struct KafkaReader<M> {
     last_error: Option<Instant>,
     /// The source was stopped.
     stopped: Arc<std::sync::atomic::AtomicBool>,
+    /// Key and payload bytes of the records read.
+    bytes: u64,
 }
 
 impl<M> std::fmt::Debug for KafkaReader<M> {
@@ -502,6 +505,7 @@ impl<M: MessageDecode> PartitionReader for KafkaReader<M> {
                     if offset < self.next {
                         continue;
                     }
+                    self.bytes += (m.key_len() + m.payload_len()) as u64;
                     let message = Message {
                         topic: &self.topic,
                         partition: self.partition,
@@ -549,6 +553,10 @@ impl<M: MessageDecode> PartitionReader for KafkaReader<M> {
 
     fn offset(&self) -> Offset {
         self.next as Offset
+    }
+
+    fn bytes_read(&self) -> Option<u64> {
+        Some(self.bytes)
     }
 
     /// Pauses fetching: librdkafka drops the records it prefetched and, on

@@ -225,6 +225,7 @@ impl<M: MqttDecode> Source for MqttSource<M> {
             next: from.unwrap_or(0),
             stop,
             source_stopped: Arc::clone(&self.stopped),
+            bytes: 0,
         })
     }
 }
@@ -304,6 +305,8 @@ pub struct MqttReader<M> {
     next: u64,
     stop: Arc<AtomicBool>,
     source_stopped: Arc<AtomicBool>,
+    /// Topic and payload bytes of the messages read.
+    bytes: u64,
 }
 
 impl std::fmt::Debug for Acks {
@@ -351,6 +354,7 @@ impl<M: MqttDecode> PartitionReader for MqttReader<M> {
                     self.next += 1;
                     read += 1;
                     let topic = publish.topic.clone();
+                    self.bytes += (topic.len() + publish.payload.len()) as u64;
                     let message = MqttMessage { topic: &topic, payload: &publish.payload, qos: publish.qos, arrival };
                     if let Err(e) = self.decode.decode_message(&message, out) {
                         dead.push(DeadLetter::new(format!("mqtt:{topic}"), seq, e.0, &publish.payload));
@@ -371,5 +375,9 @@ impl<M: MqttDecode> PartitionReader for MqttReader<M> {
 
     fn offset(&self) -> Offset {
         self.next
+    }
+
+    fn bytes_read(&self) -> Option<u64> {
+        Some(self.bytes)
     }
 }

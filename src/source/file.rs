@@ -148,6 +148,7 @@ where
                     skip_first_line: false,
                     max_record: self.max_record,
                     long_line: None,
+                    opened: from.unwrap_or(0),
                 })
             }
             Input::Files(paths) => {
@@ -168,6 +169,7 @@ where
                     skip_first_line: false,
                     max_record: self.max_record,
                     long_line: None,
+                    opened: 0,
                 };
                 match from {
                     Some(offset) => {
@@ -183,6 +185,7 @@ where
                         reader.skip_first_line = true;
                     }
                 }
+                reader.opened = reader.buf_offset;
                 Ok(reader)
             }
         }
@@ -246,6 +249,8 @@ pub struct JsonLinesReader<Dec> {
     /// A line longer than `max_record` being skipped: where it starts and
     /// its first bytes (for its dead letter).
     long_line: Option<(u64, Vec<u8>)>,
+    /// The offset it was opened at ([`PartitionReader::bytes_read`]).
+    opened: u64,
 }
 
 impl<Dec> std::fmt::Debug for JsonLinesReader<Dec> {
@@ -427,6 +432,10 @@ impl<Dec: Decode> PartitionReader for JsonLinesReader<Dec> {
 
     fn offset(&self) -> Offset {
         self.buf_offset + self.pos as u64
+    }
+
+    fn bytes_read(&self) -> Option<u64> {
+        Some(self.offset().saturating_sub(self.opened))
     }
 
     /// Drops the buffer (a block waiting for its turn holds no memory): the

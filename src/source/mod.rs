@@ -161,6 +161,14 @@ pub trait PartitionReader: 'static {
     fn watermark_hint(&self) -> Option<highwater_operators::Timestamp> {
         None
     }
+    /// The bytes of input the partition has consumed since it was opened
+    /// (what its records were decoded from: a file's lines, Kafka keys and
+    /// payloads, MQTT topics and payloads, PostgreSQL's pgoutput messages),
+    /// if the reader counts them: the partition's `partition_bytes` gauge
+    /// and `highwater_partition_read_bytes_total`.
+    fn bytes_read(&self) -> Option<u64> {
+        None
+    }
     /// The partition will not be read for a while (it waits, started, for
     /// its turn: see [`Source::concurrent_partitions`]): a reader may release
     /// what it buffers, to read it again when its turn comes.

@@ -298,6 +298,11 @@ impl<K: Key, E: Data + Sync> OperatorState for CepState<K, E> {
         each(&mut self.keys);
     }
 
+    /// The records waiting for the watermark.
+    fn held(&self) -> (usize, u64) {
+        self.waiting.held()
+    }
+
     /// Every key's state, and the waiting events. A key's partial matches
     /// share the events they took through `Arc` links (`nfa::Node`): the
     /// background thread reads them while the operator leaves them alone.

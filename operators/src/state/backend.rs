@@ -9,6 +9,42 @@ use serde::Serialize;
 
 use crate::key::{Key, StateMap};
 
+/// How many entries [`sampled_bytes`] encodes.
+pub const SAMPLE: usize = 64;
+
+/// The encoded size of `len` entries estimated from the first [`SAMPLE`]
+/// of `entries` (key and value as [`encode`](crate::checkpoint::encode)
+/// writes them): their mean size times `len`. A hash map's first entries
+/// are as good as random ones; cost: [`SAMPLE`] encodings.
+///
+/// ```
+/// use highwater_operators::state::sampled_bytes;
+/// let map: std::collections::HashMap<u32, String> = (0..1000).map(|k| (k, "abcd".to_owned())).collect();
+/// // A u32 below 2^14 takes 1 or 2 bytes (varint), the string 5 (length and bytes).
+/// let bytes = sampled_bytes(map.len(), map.iter());
+/// assert!((6_000..=7_000).contains(&bytes), "{bytes}");
+/// ```
+pub fn sampled_bytes<'a, K: Serialize + 'a, V: Serialize + 'a>(
+    len: usize,
+    entries: impl Iterator<Item = (&'a K, &'a V)>,
+) -> u64 {
+    sampled_size(len, entries)
+}
+
+/// [`sampled_bytes`] for any items: `len` items estimated from the first
+/// [`SAMPLE`] of `items`, each encoded.
+pub fn sampled_size<T: Serialize>(len: usize, items: impl Iterator<Item = T>) -> u64 {
+    let (mut n, mut bytes) = (0u64, 0u64);
+    for item in items.take(SAMPLE) {
+        bytes += postcard::experimental::serialized_size(&item).map_or(0, |n| n as u64);
+        n += 1;
+    }
+    if n == 0 {
+        return 0;
+    }
+    (bytes as f64 / n as f64 * len as f64).round() as u64
+}
+
 /// The values an operator keeps per key: encodable, so that a backend may
 /// keep them as bytes (on disk) and a checkpoint can write them.
 pub trait StateValue: Serialize + DeserializeOwned + Send + 'static {}
@@ -47,6 +83,13 @@ pub trait KeyedStateBackend<K, V>: Send + 'static {
     }
     /// Room for `n` more keys (a hint).
     fn reserve(&mut self, n: usize);
+    /// The state's size in bytes, encoded as a checkpoint writes it,
+    /// estimated cheaply (the operator's `state_bytes` gauge reads it about
+    /// once a second): e.g. the mean size of a sample of entries times their
+    /// number ([`sampled_bytes`]). `None`: the backend does not estimate it.
+    fn approximate_bytes(&self) -> Option<u64> {
+        None
+    }
     /// Reads `keys` ahead (a hint): a store on disk reads them in one call
     /// into the activation's cache, where the next reads find them. The
     /// default does nothing.

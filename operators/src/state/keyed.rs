@@ -264,6 +264,9 @@ pub trait AnyKeyedState {
     fn flush(&mut self) -> Result<(), String>;
     /// [`KeyedState::len`]: the keys held.
     fn entries(&self) -> usize;
+    /// [`KeyedStateBackend::approximate_bytes`](super::KeyedStateBackend::approximate_bytes):
+    /// the state's size encoded, estimated.
+    fn approximate_bytes(&self) -> Option<u64>;
     /// Takes the state's contents out, leaving it empty in memory (so that
     /// a snapshot taken meanwhile holds the operator's state without this
     /// keyed state), to be put back by [`attach`](Self::attach).
@@ -294,6 +297,12 @@ impl<K: Key, V: StateValue> AnyKeyedState for KeyedState<K, V> {
     }
     fn entries(&self) -> usize {
         self.len()
+    }
+    fn approximate_bytes(&self) -> Option<u64> {
+        match &self.store {
+            Store::Memory(m) => Some(super::backend::sampled_bytes(m.0.len(), m.0.iter())),
+            Store::Other(b) => b.approximate_bytes(),
+        }
     }
     fn detach(&mut self) -> Detached {
         Detached(Box::new(std::mem::replace(&mut self.store, Store::Memory(InMemory::default()))))

@@ -51,7 +51,7 @@ mod timers;
 mod ttl;
 
 pub use crate::checkpoint::{BackendFiles, Schema, StateError};
-pub use backend::{Encoded, InMemory, KeyedStateBackend, StateValue};
+pub use backend::{sampled_bytes, sampled_size, Encoded, InMemory, KeyedStateBackend, StateValue, SAMPLE};
 pub use keyed::{AnyKeyedState, Backend, Detached, KeyedState, Opener, UnknownBackend, BACKEND_ENV};
 pub use process::{KeyedContext, KeyedProcess, TtlProcessed};
 #[cfg(feature = "rocksdb")]
@@ -107,6 +107,15 @@ pub trait OperatorState: Default + Send + 'static {
     /// and `each(&mut self.rights)`.
     fn keyed_states(&mut self, each: &mut dyn FnMut(&mut dyn AnyKeyedState)) {
         let _ = each;
+    }
+
+    /// The entries a state keeps outside its [`KeyedState`]s (window
+    /// slots, records waiting for the watermark, ...) and their size
+    /// encoded, estimated (e.g. [`sampled_size`]): added to the keyed
+    /// states' in the operator's `state_entries` and `state_bytes` gauges,
+    /// about once a second. The default: none (all of it is keyed).
+    fn held(&self) -> (usize, u64) {
+        (0, 0)
     }
 
     /// Whether the state splits for incremental checkpoints, and the

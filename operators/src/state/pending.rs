@@ -99,6 +99,16 @@ impl<D> Pending<D> {
         Some((time, records, emit_at))
     }
 
+    /// How many records wait, and their size encoded (from a sample, with
+    /// their times): [`OperatorState::held`](super::OperatorState::held).
+    pub(crate) fn held(&self) -> (usize, u64)
+    where
+        D: serde::Serialize,
+    {
+        let n = self.by_time.values().map(Vec::len).sum();
+        (n, super::sampled_size(n, self.iter()))
+    }
+
     /// The earliest waiting event time.
     pub(crate) fn first_time(&self) -> Option<Timestamp> {
         self.by_time.first_key_value().map(|((t, _), _)| *t)

@@ -541,6 +541,20 @@ impl<K: Key, V: StateValue> KeyedStateBackend<K, V> for RocksDbState<K, V> {
     fn reserve(&mut self, n: usize) {
         self.cache.reserve(n.min(SPILL_AT));
     }
+    /// From the first stored entries (the bytes as stored: key without
+    /// its tag and route, value), as [`sampled_bytes`](super::backend::sampled_bytes) does.
+    fn approximate_bytes(&self) -> Option<u64> {
+        let mut it = self.db.db().raw_iterator_opt(self.bounds());
+        it.seek_to_first();
+        let (mut n, mut bytes) = (0u64, 0u64);
+        while it.valid() && n < super::backend::SAMPLE as u64 {
+            let (Some(kb), Some(vb)) = (it.key(), it.value()) else { break };
+            bytes += (kb.len().saturating_sub(9) + vb.len()) as u64;
+            n += 1;
+            it.next();
+        }
+        Some(if n == 0 { 0 } else { (bytes as f64 / n as f64 * self.len as f64).round() as u64 })
+    }
     fn database_checkpoint(&self, dir: &Path) -> Option<Result<BackendFiles, String>> {
         Some(self.checkpoint_database(dir))
     }

@@ -236,15 +236,22 @@ impl<'scope, S: OperatorState> StatefulBuilder<'scope, S> {
         let name = format!("w{}-op{}", self.scope.worker().index(), self.builder.operator_info().global_id);
         // The keys its keyed states hold, in the computation's totals (a
         // gauge, summed over the workers): `<operator>.state_entries`.
+        // And their size encoded, estimated about once a second: `<operator>.state_bytes`.
         let entries = Counter::new();
         crate::totals::Totals::count_in(&self.scope, &format!("{}.state_entries", self.name), &entries);
+        let bytes = Counter::new();
+        crate::totals::Totals::count_in(&self.scope, &format!("{}.state_bytes", self.name), &bytes);
         self.builder.build(move |capabilities| {
             let mut managed = Managed::new(checkpointer, &backend, &name);
             managed.entries = Some(entries);
+            managed.bytes = Some((bytes, None));
             constructor(capabilities, managed)
         });
     }
 }
+
+/// How often [`Managed`] estimates its state's size (`<operator>.state_bytes`).
+const SIZE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A stateful operator's state, with its link to the checkpoint runtime.
 ///
@@ -265,6 +272,10 @@ pub struct Managed<S> {
     database_dir: Option<std::path::PathBuf>,
     /// Where the keys its keyed states hold are shown (set at each flush).
     entries: Option<Counter>,
+    /// The gauge of their size, and when it was last estimated.
+    bytes: Option<(Counter, Option<std::time::Instant>)>,
+    /// The entries kept outside keyed states when it was ([`OperatorState::held`]).
+    held_entries: usize,
 }
 
 impl<S> std::fmt::Debug for Managed<S> {
@@ -290,6 +301,8 @@ impl<S: OperatorState> Managed<S> {
             backend_failed: false,
             database_dir,
             entries: None,
+            bytes: None,
+            held_entries: 0,
         };
         if let Some(reason) = opener.error() {
             // The states stay in memory; a checkpointed job fails, as on any
@@ -308,17 +321,34 @@ impl<S: OperatorState> Managed<S> {
     /// [`KeyedState`](super::KeyedState)s ([`OperatorState::keyed_states`]);
     /// a backend's failure fails the job's checkpointing (reported once; a
     /// job without checkpoints logs it).
-    fn flush(&mut self) {
+    /// The gauges: keys held at every flush, their size at most once a
+    /// second (it encodes a sample) and at the `last` (the end of input).
+    fn flush(&mut self, last: bool) {
         let mut failed = None;
         let mut entries = 0;
+        let sizing = self.bytes.as_mut().filter(|(_, at)| last || at.is_none_or(|at| at.elapsed() >= SIZE_EVERY));
+        let mut bytes = sizing.is_some().then_some(0u64);
         self.state.keyed_states(&mut |keyed| {
             if let Err(e) = keyed.flush() {
                 failed.get_or_insert(e);
             }
             entries += keyed.entries();
+            if let Some(total) = bytes.as_mut() {
+                *total += keyed.approximate_bytes().unwrap_or(0);
+            }
         });
+        if let Some(total) = bytes.as_mut() {
+            let (held, held_bytes) = self.state.held();
+            self.held_entries = held;
+            *total += held_bytes;
+        }
+        entries += self.held_entries;
         if let Some(gauge) = &self.entries {
             gauge.set(entries as u64);
+        }
+        if let (Some((gauge, at)), Some(total)) = (sizing, bytes) {
+            gauge.set(total);
+            *at = Some(std::time::Instant::now());
         }
         if let Some(reason) = failed {
             if !std::mem::replace(&mut self.backend_failed, true) {
@@ -430,7 +460,7 @@ impl<S: OperatorState> Managed<S> {
     /// only the rest of the state is serialized in the background
     /// ([`snapshot_without_keyed`]).
     pub fn checkpoint_with(&mut self, watermark: Timestamp, prepare: impl FnOnce(&S) -> S::Prepared) {
-        self.flush();
+        self.flush(watermark == crate::time::END_OF_TIME);
         let Some(cut) = self.checkpointer.as_ref().and_then(|c| c.due(watermark)) else { return };
         let prepared = prepare(&self.state);
         let files = self.database_files(cut);

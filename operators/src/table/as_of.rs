@@ -82,6 +82,11 @@ impl<K: Key, V: Data, D: Data> OperatorState for AsOfState<K, V, D> {
         each(&mut self.versions);
     }
 
+    /// The records waiting for the watermark.
+    fn held(&self) -> (usize, u64) {
+        self.waiting.held()
+    }
+
     fn snapshot(&self, routes: Vec<u64>, out: &mut Snapshot) {
         out.reserve(self.versions.len() + routes.len());
         self.versions.for_each(|k, versioned| out.push(route(k), &AsOfEntry::<_, _, ()>::Versions(k, versioned)));

@@ -124,6 +124,14 @@ impl<K: Key + Sync, V: Data + Sync> OperatorState for Served<K, V> {
     type Entry = ServedKey<K, V>;
     type Prepared = ();
 
+    /// The shard's keys (the table's rows with their history), and their
+    /// size from a sample.
+    fn held(&self) -> (usize, u64) {
+        let shard = self.0.read();
+        let rows = shard.rows.len();
+        (rows, crate::state::sampled_size(rows, shard.rows.iter().map(|(k, row)| (k, &row.values, &row.changes))))
+    }
+
     /// The shard as checkpoint entries, one per key, routed by key, read
     /// under a read lock (queries read the shard meanwhile).
     fn snapshot(&self, (): (), out: &mut Snapshot) {

@@ -125,6 +125,14 @@ where
     /// The state as checkpoint entries, one per window and key, routed by key.
     /// Taken when the watermark is at the cut and everything it completes
     /// has fired, so no correction is pending.
+    /// Every window's slot per key (this state is not keyed: the watermark
+    /// releases it).
+    fn held(&self) -> (usize, u64) {
+        let n = self.buckets.values().map(|b| b.slots.len()).sum();
+        let slots = self.buckets.iter().flat_map(|(end, b)| b.slots.iter().map(move |(ks, slot)| (end, ks, slot)));
+        (n, crate::state::sampled_size(n, slots))
+    }
+
     fn snapshot(&self, (): (), out: &mut Snapshot) {
         debug_assert!(self.dirty.is_empty(), "corrections go out with the records that cause them");
         for (end, bucket) in self.buckets.iter() {

@@ -142,6 +142,11 @@ impl<K: Key, D: Data, O: Data> OperatorState for CountState<K, D, O> {
         each(&mut self.keys);
     }
 
+    /// The records waiting for the watermark.
+    fn held(&self) -> (usize, u64) {
+        self.waiting.held()
+    }
+
     /// Each key's records and emitted windows, and its records waiting for
     /// the watermark.
     fn snapshot(&self, held_keys: Vec<K>, out: &mut Snapshot) {

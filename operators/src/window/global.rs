@@ -269,6 +269,11 @@ where
         each(&mut self.windows);
     }
 
+    /// The records waiting for the watermark.
+    fn held(&self) -> (usize, u64) {
+        self.waiting.held()
+    }
+
     /// Each key's window, its records waiting for the watermark, and the last period.
     fn snapshot(&self, (held_keys, last_period): (Vec<K>, u64), out: &mut Snapshot) {
         let mut held = self.waiting.by_key(held_keys);

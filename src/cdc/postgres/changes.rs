@@ -80,6 +80,8 @@ pub(crate) struct Transaction {
     pub(crate) changes: Vec<Change>,
     /// Its changes that could not be decoded.
     pub(crate) dead: Vec<DeadLetter>,
+    /// The bytes of its pgoutput messages, Begin to Commit.
+    pub(crate) bytes: u64,
 }
 
 /// Event times of the changes handed out, non-decreasing in delivery order.
@@ -206,6 +208,9 @@ impl Decoder {
     /// Feeds one message; returns the transaction it completes, if any.
     pub(crate) fn feed(&mut self, bytes: &[u8]) -> Result<Option<Transaction>, ProtocolError> {
         let message = pgoutput::parse(bytes)?;
+        if let Some(txn) = self.current.as_mut() {
+            txn.bytes += bytes.len() as u64;
+        }
         match message {
             Message::Begin(begin) => {
                 if self.current.is_some() {
@@ -218,6 +223,7 @@ impl Decoder {
                     time: pg_time_to_ms(begin.commit_time),
                     changes: Vec::new(),
                     dead: Vec::new(),
+                    bytes: bytes.len() as u64,
                 });
             }
             Message::Commit(commit) => {

@@ -246,6 +246,7 @@ impl Source for PostgresSource {
             resumable: from.is_some_and(|o| o > 0),
             hint: None,
             pending: None,
+            bytes: 0,
         })
     }
 }
@@ -263,6 +264,8 @@ pub struct PostgresReader {
     resumable: bool,
     hint: Option<Timestamp>,
     pending: Option<SourceError>,
+    /// The bytes of the transactions handed out.
+    bytes: u64,
 }
 
 impl Drop for PostgresReader {
@@ -306,6 +309,7 @@ impl PartitionReader for PostgresReader {
                 Ok(Msg::Txn(txn)) => {
                     any |= !txn.changes.is_empty() || !txn.dead.is_empty();
                     taken += txn.changes.len();
+                    self.bytes += txn.bytes;
                     txn.changes.into_iter().for_each(&mut *out);
                     dead.extend(txn.dead);
                     self.offset = txn.end_lsn;
@@ -347,6 +351,12 @@ impl PartitionReader for PostgresReader {
     /// checkpoint always finds its changes.
     fn offset(&self) -> Offset {
         self.offset
+    }
+
+    /// The bytes of the pgoutput messages of the transactions handed out
+    /// (the snapshot, read with a query, is not counted).
+    fn bytes_read(&self) -> Option<u64> {
+        Some(self.bytes)
     }
 
     /// When the last poll found nothing more: the server's clock at that

@@ -171,8 +171,9 @@ where
             None => options.start_offsets.iter().find(|(p, _)| *p == i).map(|(_, o)| *o),
         };
         let mut partition = Partition::new(i, source.open(i, from)?, watermark, from);
-        partition.gauges =
-            crate::totals::Totals::of(&scope).map(|totals| PartitionGauges::register(&totals, &options.name, i));
+        let counts_bytes = partition.reader.bytes_read().is_some();
+        partition.gauges = crate::totals::Totals::of(&scope)
+            .map(|totals| PartitionGauges::register(&totals, &options.name, i, counts_bytes));
         queue.push_back(partition);
     }
     tracing::debug!(source = %options.name, worker = index, partitions = queue.len(), "opened source partitions");
@@ -582,6 +583,9 @@ where
             gauges.watermark.set(partition.watermark.current());
             gauges.offset.set(partition.reader.offset());
             gauges.records.add(read_now);
+            if let (Some(bytes), Some(read)) = (&gauges.bytes, partition.reader.bytes_read()) {
+                bytes.set(read);
+            }
         }
         if partition.done {
             self.highest = self.highest.max(partition.watermark.current());

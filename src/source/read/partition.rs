@@ -39,8 +39,9 @@ pub(super) struct Partition<R> {
     /// reader was told to pause.
     withheld_since: Option<Instant>,
     paused: bool,
-    /// Its watermark, offset and records read, in the job's totals (as
-    /// gauges: `<source>/<partition>.watermark`, `.offset`, `.partition_records`).
+    /// Its watermark, offset, records and bytes read, in the job's totals (as
+    /// gauges: `<source>/<partition>.watermark`, `.offset`,
+    /// `.partition_records`, `.partition_bytes`).
     pub(super) gauges: Option<PartitionGauges>,
 }
 
@@ -50,15 +51,23 @@ pub(super) struct PartitionGauges {
     pub(super) watermark: highwater_operators::Counter,
     pub(super) offset: highwater_operators::Counter,
     pub(super) records: highwater_operators::Counter,
+    /// Registered only for readers that count their bytes.
+    pub(super) bytes: Option<highwater_operators::Counter>,
 }
 
 impl PartitionGauges {
-    /// Registered in `totals` for partition `index` of source `source`.
-    pub(super) fn register(totals: &crate::totals::Totals, source: &str, index: usize) -> Self {
-        let gauges = PartitionGauges::default();
+    /// Registered in `totals` for partition `index` of source `source`
+    /// (`<source>/<index>.partition_bytes` too if its reader `counts_bytes`).
+    pub(super) fn register(totals: &crate::totals::Totals, source: &str, index: usize, counts_bytes: bool) -> Self {
+        let mut gauges = PartitionGauges::default();
         totals.count(&format!("{source}/{index}.watermark"), &gauges.watermark);
         totals.count(&format!("{source}/{index}.offset"), &gauges.offset);
         totals.count(&format!("{source}/{index}.partition_records"), &gauges.records);
+        if counts_bytes {
+            let bytes = highwater_operators::Counter::new();
+            totals.count(&format!("{source}/{index}.partition_bytes"), &bytes);
+            gauges.bytes = Some(bytes);
+        }
         gauges
     }
 }

@@ -124,18 +124,32 @@ fn bounded_windowed_counts_equal_the_naive_counts_at_one_and_two_workers() {
     let clicks = clicks(30_000, 3);
     produce_clicks(&config, "clicks", &clicks);
     let expected = naive_counts(&clicks);
+    // Each partition's payload bytes (the records have no key).
+    let mut expected_bytes: BTreeMap<u64, u64> = (0..4).map(|p| (p, 0)).collect();
+    for (p, c) in &clicks {
+        *expected_bytes.get_mut(&(*p as u64)).unwrap() += serde_json::to_vec(c).unwrap().len() as u64;
+    }
     for workers in [1, 2] {
         let counts = Counts::default();
         let into = counts.clone();
         let source =
             Arc::new(KafkaSource::new(config.clone(), ["clicks"], JsonDecoder::<Click>::new()).stop_at(StopAt::Latest));
-        Job::new(timely::Config::process(workers))
+        let report = Job::new(timely::Config::process(workers))
             .run(move |worker| {
                 worker.dataflow(|scope| count_windows(Arc::clone(&source), scope, &into));
                 Ok::<_, String>(())
             })
             .unwrap();
         assert_eq!(as_map(counts.rows()), expected, "at {workers} worker(s)");
+        let bytes: BTreeMap<u64, u64> = report
+            .totals
+            .iter()
+            .filter_map(|(name, v)| {
+                let (_, index) = name.strip_suffix(".partition_bytes")?.rsplit_once('/')?;
+                Some((index.parse().ok()?, *v))
+            })
+            .collect();
+        assert_eq!(bytes, expected_bytes, "at {workers} worker(s): the bytes read per partition");
     }
 }
 

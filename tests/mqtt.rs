@@ -216,7 +216,17 @@ fn windowed_counts_from_mqtt_equal_the_naive_ones_and_are_published_back() {
         std::thread::sleep(Duration::from_millis(10));
     }
     source.stop();
-    job.join().unwrap();
+    let report = job.join().unwrap();
+    // The bytes read: every message's topic and payload, the probes the
+    // job read (records beyond the readings) included.
+    let size =
+        |r: &Reading| (format!("sensors/{}/reading", r.device).len() + serde_json::to_vec(r).unwrap().len()) as u64;
+    let probe = Reading { device: "probe".into(), id: u64::MAX, time: 1_700_000_000_000 };
+    let probes_read = seen.load(Ordering::SeqCst) - all.len() as u64;
+    let bad = ("sensors/d1/reading".len() + 9 + "sensors/d2/reading".len() + 13) as u64;
+    let expected_bytes = all.iter().map(size).sum::<u64>() + probes_read * size(&probe) + bad;
+    let bytes: u64 = report.totals.iter().filter(|(n, _)| n.ends_with(".partition_bytes")).map(|(_, v)| v).sum();
+    assert_eq!(bytes, expected_bytes, "the bytes read ({probes_read} probes)");
     let mut expected: BTreeMap<(String, u64), u64> = BTreeMap::new();
     for r in &all {
         *expected.entry((r.device.clone(), r.time - r.time % 1_000)).or_default() += 1;

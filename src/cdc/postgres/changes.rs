@@ -430,23 +430,23 @@ mod tests {
         let mut d = Decoder::new(&[table(&["id"])], "pg");
         let rel = relation(7, "t", b'd', &[("id", 20, true), ("v", 25, false)]);
         let other = relation(8, "other", b'd', &[("id", 20, true)]);
-        let txns = run(
-            &mut d,
-            &[
-                begin(0x100, 1_000_000, 42),
-                rel,
-                other,
-                Msg::new(b'I').u32(7).u8(b'N').tuple(&[Some("1"), Some("a")]).0,
-                Msg::new(b'I').u32(8).u8(b'N').tuple(&[Some("1")]).0,
-                Msg::new(b'U').u32(7).u8(b'N').tuple(&[Some("1"), Some("b")]).0,
-                // The key changes: the old key comes as a K tuple.
-                Msg::new(b'U').u32(7).u8(b'K').tuple(&[Some("1"), None]).u8(b'N').tuple(&[Some("2"), Some("b")]).0,
-                Msg::new(b'D').u32(7).u8(b'K').tuple(&[Some("2"), None]).0,
-                commit(0x100, 0x180, 1_000_000),
-            ],
-        );
+        let messages = [
+            begin(0x100, 1_000_000, 42),
+            rel,
+            other,
+            Msg::new(b'I').u32(7).u8(b'N').tuple(&[Some("1"), Some("a")]).0,
+            Msg::new(b'I').u32(8).u8(b'N').tuple(&[Some("1")]).0,
+            Msg::new(b'U').u32(7).u8(b'N').tuple(&[Some("1"), Some("b")]).0,
+            // The key changes: the old key comes as a K tuple.
+            Msg::new(b'U').u32(7).u8(b'K').tuple(&[Some("1"), None]).u8(b'N').tuple(&[Some("2"), Some("b")]).0,
+            Msg::new(b'D').u32(7).u8(b'K').tuple(&[Some("2"), None]).0,
+            commit(0x100, 0x180, 1_000_000),
+        ];
+        let txns = run(&mut d, &messages);
         assert_eq!(txns.len(), 1);
         let t = &txns[0];
+        // Its bytes: every message from Begin to Commit.
+        assert_eq!(t.bytes, messages.iter().map(|m| m.len() as u64).sum::<u64>());
         assert_eq!((t.xid, t.commit_lsn, t.end_lsn, t.time), (42, 0x100, 0x180, 946_684_801_000));
         assert!(t.dead.is_empty());
         let c = &t.changes;

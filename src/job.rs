@@ -151,6 +151,9 @@ impl Job {
         let alignment = Alignment::configure(&mut config);
         let totals = Totals::default();
         totals.configure(&mut config.worker);
+        // Calls to services run on the job's own runtime, stopped with it.
+        #[cfg(feature = "enrich")]
+        crate::enrich::EnrichRuntime::configure(&mut config.worker);
         Job {
             config,
             checkpoints: None,

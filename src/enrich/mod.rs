@@ -6,7 +6,15 @@
 //! the calls' outcomes and times alone (and is tested so).
 
 pub mod breaker;
+#[cfg(feature = "enrich")]
+pub mod operator;
 pub mod retry;
+#[cfg(feature = "enrich")]
+pub mod runtime;
 
 pub use breaker::{Admission, BreakerConfig, BreakerState, CircuitBreaker};
+#[cfg(feature = "enrich")]
+pub use operator::{AsyncOptions, EnrichAsync, EnrichCounters, Enriched, Failed};
 pub use retry::Backoff;
+#[cfg(feature = "enrich")]
+pub use runtime::EnrichRuntime;

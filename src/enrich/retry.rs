@@ -50,6 +50,15 @@ impl Backoff {
         Some(Duration::from_nanos(if bound == 0 { 0 } else { self.next_u64() % (bound + 1) }))
     }
 
+    /// The same policy afresh (no retry made) with its jitter drawn from
+    /// its seed mixed with `salt` (e.g. a record's sequence number), so
+    /// that records failing together retry at different moments.
+    pub fn reseed(mut self, salt: u64) -> Self {
+        self.made = 0;
+        self.rng ^= salt.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        self
+    }
+
     /// Retries made so far.
     pub fn retries_made(&self) -> u32 {
         self.made

@@ -1,0 +1,344 @@
+//! The async enrichment operator (`EnrichAsync::enrich_async`, issue 33)
+//! against a real HTTP service: an axum server on a loopback port with
+//! knobs for latency, errors, hanging and being down, called with reqwest.
+//!
+//! - Results equal a synchronous reference evaluation of the service's
+//!   rules: ordered, in each worker's input order; unordered, the same
+//!   multiset; never behind the output frontier; at 1 and 2 workers, over
+//!   random latencies (proptest).
+//! - 5xx bursts and timeouts: retries with backoff up to the limit, then the
+//!   failure path; every record exactly once in the results or the
+//!   failures, and the server saw exactly the attempts the rules imply.
+//! - The service down: the breaker opens within its failures, calls stop
+//!   (the server's request count), records fail fast; when the service is
+//!   back the breaker half-opens and closes, and records are answered.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use highwater::enrich::{AsyncOptions, Backoff, BreakerConfig, EnrichAsync, Failed};
+use highwater::prelude::*;
+use highwater::source::MemorySource;
+use highwater::{Job, Timestamp};
+use proptest::prelude::*;
+use timely::dataflow::operators::Inspect;
+
+/// How the service answers `GET /user/{id}`: the `n`th request for an id
+/// (from 0) waits `latency(id)`, hangs 2 s if `hang(id)` and `n == 0`,
+/// answers 503 while `n < hang + fail_first(id)`, 404 if `missing(id)`, and
+/// else `user-{id}`; 503 to everything while `down`.
+#[derive(Clone)]
+struct Rules {
+    latency_ms: fn(u64, u64) -> u64,
+    seed: u64,
+    fail_first: fn(u64) -> u32,
+    hang: fn(u64) -> bool,
+    missing: fn(u64) -> bool,
+}
+
+struct Service {
+    addr: std::net::SocketAddr,
+    down: Arc<AtomicBool>,
+    /// Requests per id.
+    requests: Arc<Mutex<HashMap<u64, u32>>>,
+}
+
+impl Service {
+    fn start(rules: Rules) -> Service {
+        let down = Arc::new(AtomicBool::new(false));
+        let requests: Arc<Mutex<HashMap<u64, u32>>> = Arc::default();
+        let (d, r) = (Arc::clone(&down), Arc::clone(&requests));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+            runtime.block_on(async move {
+                let app = axum::Router::new().route(
+                    "/user/{id}",
+                    axum::routing::get(move |axum::extract::Path(id): axum::extract::Path<u64>| {
+                        let (down, requests, rules) = (Arc::clone(&d), Arc::clone(&r), rules.clone());
+                        async move {
+                            let n = {
+                                let mut requests = requests.lock().unwrap();
+                                let n = requests.entry(id).or_insert(0);
+                                *n += 1;
+                                *n - 1
+                            };
+                            if down.load(Ordering::SeqCst) {
+                                return (axum::http::StatusCode::SERVICE_UNAVAILABLE, "down".to_owned());
+                            }
+                            tokio::time::sleep(Duration::from_millis((rules.latency_ms)(id, rules.seed))).await;
+                            let hang = (rules.hang)(id);
+                            if hang && n == 0 {
+                                tokio::time::sleep(Duration::from_secs(2)).await;
+                            }
+                            if n < u32::from(hang) + (rules.fail_first)(id) {
+                                (axum::http::StatusCode::SERVICE_UNAVAILABLE, "busy".to_owned())
+                            } else if (rules.missing)(id) {
+                                (axum::http::StatusCode::NOT_FOUND, "no such user".to_owned())
+                            } else {
+                                (axum::http::StatusCode::OK, format!("user-{id}"))
+                            }
+                        }
+                    }),
+                );
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                tx.send(listener.local_addr().unwrap()).unwrap();
+                axum::serve(listener, app).await.unwrap();
+            });
+        });
+        Service { addr: rx.recv().unwrap(), down, requests }
+    }
+
+    fn requests(&self) -> u32 {
+        self.requests.lock().unwrap().values().sum()
+    }
+}
+
+/// A call's future: the user and their name, or why not.
+type Call = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(u64, String), String>> + Send>>;
+
+/// The user function: `GET /user/{id}` with a shared client; a non-2xx
+/// status is an error.
+fn lookup(addr: std::net::SocketAddr) -> impl Fn(u64) -> Call + Send + Sync + 'static {
+    let client = reqwest::Client::new();
+    move |id: u64| {
+        let (client, url) = (client.clone(), format!("http://{addr}/user/{id}"));
+        Box::pin(async move {
+            let response = client.get(url).send().await.map_err(|e| e.to_string())?;
+            let status = response.status();
+            let body = response.text().await.map_err(|e| e.to_string())?;
+            if status.is_success() {
+                Ok((id, body))
+            } else {
+                Err(format!("status {}", status.as_u16()))
+            }
+        })
+    }
+}
+
+/// What a run saw on each worker, in order: the records going in, the
+/// results and the failures coming out.
+#[derive(Default)]
+struct Seen {
+    input: Vec<(usize, u64)>,
+    results: Vec<(usize, (u64, String), Timestamp)>,
+    failures: Vec<(usize, Failed<u64>, Timestamp)>,
+    /// A message sent at a time its output's frontier had already passed.
+    behind: Vec<String>,
+}
+
+/// `ids` in `partitions` partitions (event time = id), enriched by the
+/// service as `options` says, at `workers` workers.
+fn run(service: &Service, ids: &[u64], partitions: usize, workers: usize, options: AsyncOptions) -> Seen {
+    let mut parts = vec![Vec::new(); partitions];
+    for (i, id) in ids.iter().enumerate() {
+        parts[i % partitions].push(*id);
+    }
+    let source = Arc::new(MemorySource::new(parts));
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let (into, addr) = (Arc::clone(&seen), service.addr);
+    Job::new(timely::Config::process(workers))
+        .run(move |worker| {
+            let index = worker.index();
+            let (source, into, options) = (Arc::clone(&source), Arc::clone(&into), options.clone());
+            worker.dataflow(|scope| -> Result<(), highwater::source::SourceError> {
+                let read = FromSource::new(source, |id: &u64| *id).build(scope)?;
+                let i = Arc::clone(&into);
+                let ids = read.events.inspect(move |(id, _, _)| i.lock().unwrap().input.push((index, *id)));
+                let enriched = ids.enrich_async(options, lookup(addr));
+                let (r, f) = (Arc::clone(&into), Arc::clone(&into));
+                let check = |into: Arc<Mutex<Seen>>, what: &'static str| {
+                    let mut frontier: Timestamp = 0;
+                    move |event: Result<&Timestamp, &[Timestamp]>| match event {
+                        Ok(time) if *time < frontier => {
+                            into.lock().unwrap().behind.push(format!("{what} at {time} behind {frontier}"))
+                        }
+                        Ok(_) => {}
+                        Err(f) => frontier = f.first().copied().unwrap_or(Timestamp::MAX),
+                    }
+                };
+                let (mut check_results, mut check_failures) =
+                    (check(Arc::clone(&into), "a result"), check(into, "a failure"));
+                enriched
+                    .results
+                    .inner
+                    .clone()
+                    .inspect_core(move |e| check_results(e.map(|(s, _)| s.least().expect("a stamp"))));
+                enriched
+                    .failures
+                    .inner
+                    .clone()
+                    .inspect_core(move |e| check_failures(e.map(|(s, _)| s.least().expect("a stamp"))));
+                enriched.results.inspect(move |(o, t, _)| r.lock().unwrap().results.push((index, o.clone(), *t)));
+                enriched.failures.inspect(move |(o, t, _)| f.lock().unwrap().failures.push((index, o.clone(), *t)));
+                Ok(())
+            })
+        })
+        .unwrap();
+    Arc::try_unwrap(seen).ok().unwrap().into_inner().unwrap()
+}
+
+fn latency(id: u64, seed: u64) -> u64 {
+    (id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seed).rotate_left(17) % 8
+}
+
+fn never(_: u64) -> bool {
+    false
+}
+
+fn none(_: u64) -> u32 {
+    0
+}
+
+fn missing(id: u64) -> bool {
+    id % 10 == 3
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Ordered and unordered, at 1 and 2 workers: the synchronous
+    /// reference (`user-{id}`, or a 404 for the missing ids), each record
+    /// once; ordered in each worker's input order; nothing behind the
+    /// frontier.
+    #[test]
+    fn results_equal_a_synchronous_reference(seed in any::<u64>(), n in 50u64..300, capacity in 1usize..40) {
+        let service = Service::start(Rules { latency_ms: latency, seed, fail_first: none, hang: never, missing });
+        let ids: Vec<u64> = (0..n).collect();
+        for workers in [1, 2] {
+            for ordered in [true, false] {
+                let mut options = AsyncOptions::new("Lookup").capacity(capacity).timeout(Duration::from_secs(10));
+                if !ordered {
+                    options = options.unordered();
+                }
+                let seen = run(&service, &ids, 3, workers, options);
+                let what = format!("-w {workers}, ordered {ordered}, capacity {capacity}");
+                prop_assert!(seen.behind.is_empty(), "{what}: {:?}", seen.behind);
+                let mut results: Vec<(u64, String, Timestamp)> =
+                    seen.results.iter().map(|(_, (id, body), t)| (*id, body.clone(), *t)).collect();
+                results.sort();
+                let expected: Vec<(u64, String, Timestamp)> =
+                    ids.iter().filter(|id| !missing(**id)).map(|id| (*id, format!("user-{id}"), *id)).collect();
+                prop_assert_eq!(results, expected, "{}", what);
+                let mut failed: Vec<(u64, String, u32, Timestamp)> =
+                    seen.failures.iter().map(|(_, f, t)| (f.record, f.reason.clone(), f.attempts, *t)).collect();
+                failed.sort();
+                let expected: Vec<_> = ids.iter().filter(|id| missing(**id)).map(|id| (*id, "status 404".to_owned(), 1, *id)).collect();
+                prop_assert_eq!(failed, expected, "{}", what);
+                if ordered {
+                    for w in 0..workers {
+                        let input: Vec<u64> = seen.input.iter().filter(|(i, _)| *i == w).map(|(_, id)| *id).collect();
+                        let out: Vec<u64> = seen.results.iter().filter(|(i, _, _)| *i == w).map(|(_, (id, _), _)| *id).collect();
+                        let input_ok: Vec<u64> = input.iter().copied().filter(|id| !missing(*id)).collect();
+                        prop_assert_eq!(out, input_ok, "{}: worker {}'s results in its input order", what, w);
+                        let out: Vec<u64> = seen.failures.iter().filter(|(i, _, _)| *i == w).map(|(_, f, _)| f.record).collect();
+                        let input_failed: Vec<u64> = input.iter().copied().filter(|id| missing(*id)).collect();
+                        prop_assert_eq!(out, input_failed, "{}: worker {}'s failures in its input order", what, w);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn bursts(id: u64) -> u32 {
+    (id % 4) as u32
+}
+
+fn hangs(id: u64) -> bool {
+    id % 5 == 0
+}
+
+#[test]
+fn bursts_and_timeouts_are_retried_up_to_the_limit_then_fail_once() {
+    let service =
+        Service::start(Rules { latency_ms: |_, _| 0, seed: 0, fail_first: bursts, hang: hangs, missing: never });
+    let ids: Vec<u64> = (0..200).collect();
+    let options = AsyncOptions::new("Retried").capacity(32).timeout(Duration::from_millis(300)).retry(Backoff::new(
+        2,
+        Duration::from_millis(5),
+        Duration::from_millis(20),
+        7,
+    ));
+    let seen = run(&service, &ids, 2, 2, options);
+    // Failures before an answer: the hang (a timeout), then the 503s.
+    let needed = |id: u64| u32::from(hangs(id)) + bursts(id);
+    let mut results: Vec<u64> = seen.results.iter().map(|(_, (id, _), _)| *id).collect();
+    results.sort();
+    let expected: Vec<u64> = ids.iter().copied().filter(|id| needed(*id) <= 2).collect();
+    assert_eq!(results, expected, "answered within two retries");
+    let mut failed: Vec<(u64, String, u32)> =
+        seen.failures.iter().map(|(_, f, _)| (f.record, f.reason.clone(), f.attempts)).collect();
+    failed.sort();
+    let expected: Vec<(u64, String, u32)> =
+        ids.iter().filter(|id| needed(**id) > 2).map(|id| (*id, "status 503".to_owned(), 3)).collect();
+    assert_eq!(failed, expected, "the retries spent: the failure path, once each");
+    let requests = service.requests.lock().unwrap().clone();
+    for id in &ids {
+        assert_eq!(requests.get(id).copied(), Some(needed(*id).min(2) + 1), "the service's requests for {id}");
+    }
+}
+
+#[test]
+fn the_breaker_opens_on_a_down_service_and_closes_when_it_is_back() {
+    let service =
+        Service::start(Rules { latency_ms: |_, _| 0, seed: 0, fail_first: none, hang: never, missing: never });
+    service.down.store(true, Ordering::SeqCst);
+    let config =
+        BreakerConfig { failures: 3, window: Duration::from_secs(10), open_for: Duration::from_millis(200), probes: 1 };
+    let options = AsyncOptions::new("Guarded").capacity(4).timeout(Duration::from_secs(1)).breaker(config);
+    let addr = service.addr;
+    let log: Arc<Mutex<Vec<(u64, bool, u32)>>> = Arc::default();
+    let into = Arc::clone(&log);
+    let down = Arc::clone(&service.down);
+    let requests = Arc::clone(&service.requests);
+    let (opened, closed, rejected, down_requests) = timely::execute_directly(move |worker| {
+        let (mut input, probe, counters) = worker.dataflow::<Timestamp, _, _>(|scope| {
+            use timely::dataflow::operators::{Input, Probe};
+            let (input, stream) = scope.new_input::<Vec<(u64, Timestamp, i64)>>();
+            let enriched = EventStream::new(stream).enrich_async(options, lookup(addr));
+            let (r, f) = (Arc::clone(&into), into);
+            enriched.results.inspect(move |((id, _), _, _)| r.lock().unwrap().push((*id, true, 1)));
+            enriched
+                .failures
+                .inspect(move |(failed, _, _)| f.lock().unwrap().push((failed.record, false, failed.attempts)));
+            let (probe, _) = enriched.results.concat(&enriched.failures.map(|f| (f.record, f.reason))).inner.probe();
+            (input, probe, enriched.counters)
+        });
+        // One record every 5 ms: 0.6 s with the service down, then 0.6 s with it up.
+        let mut down_requests = 0;
+        for id in 0..240u64 {
+            if id == 120 {
+                down_requests = requests.lock().unwrap().values().sum::<u32>();
+                down.store(false, Ordering::SeqCst);
+            }
+            input.send((id, id, 1));
+            input.advance_to(id + 1);
+            let until = Instant::now() + Duration::from_millis(5);
+            while Instant::now() < until {
+                worker.step_or_park(Some(Duration::from_millis(1)));
+            }
+        }
+        input.close();
+        while !probe.done() {
+            worker.step_or_park(Some(Duration::from_millis(1)));
+        }
+        (counters.breaker_opened.get(), counters.breaker_closed.get(), counters.rejected.get(), down_requests)
+    });
+    let log = log.lock().unwrap().clone();
+    let outcome: BTreeMap<u64, (bool, u32)> = log.iter().map(|(id, ok, a)| (*id, (*ok, *a))).collect();
+    assert_eq!(outcome.len(), 240, "every record once: {log:?}");
+    // Down for 0.6 s: 3 failures open it (with at most the capacity's calls
+    // under way), then one probe every 200 ms fails and opens it again.
+    assert!(opened >= 1, "the breaker opened");
+    assert!(down_requests <= 3 + 4 + 4, "calls stop once it is open: {down_requests} requests while down");
+    assert!(rejected >= 100, "records fail fast while it is open: {rejected}");
+    assert!(log.iter().filter(|(id, ok, a)| *id < 120 && !ok && *a == 0).count() >= 100, "without a call");
+    // Back: a probe closes it, and the records after are answered.
+    assert!(closed >= 1, "the breaker closed");
+    let answered_late = (200..240).filter(|id| outcome[id].0).count();
+    assert_eq!(answered_late, 40, "the service is back: {:?}", &log[log.len() - 40..]);
+    assert!(service.requests() >= 40);
+}

@@ -12,6 +12,12 @@
 //! - The service down: the breaker opens within its failures, calls stop
 //!   (the server's request count), records fail fast; when the service is
 //!   back the breaker half-opens and closes, and records are answered.
+//! - The example `enrich_service` (the `http` helper, permanent 404s)
+//!   checks its own output at 1 and 2 workers.
+
+#[path = "../examples/enrich_service.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod enrich_service;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -341,4 +347,15 @@ fn the_breaker_opens_on_a_down_service_and_closes_when_it_is_back() {
     let answered_late = (200..240).filter(|id| outcome[id].0).count();
     assert_eq!(answered_late, 40, "the service is back: {:?}", &log[log.len() - 40..]);
     assert!(service.requests() >= 40);
+}
+
+#[test]
+fn the_enrich_service_example_checks_its_output() {
+    let addr = enrich_service::serve_profiles();
+    let clicks = enrich_service::clicks(2_000);
+    for workers in ["1", "2"] {
+        let outcome = enrich_service::run(clicks.clone(), addr, &["-w".into(), workers.into()]).unwrap();
+        enrich_service::check(&clicks, &outcome).unwrap_or_else(|e| panic!("-w {workers}: {e}"));
+        assert_eq!(outcome.failed.len(), 133, "-w {workers}: the unknown users' clicks, each once");
+    }
 }

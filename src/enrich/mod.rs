@@ -6,6 +6,8 @@
 //! the calls' outcomes and times alone (and is tested so).
 
 pub mod breaker;
+#[cfg(feature = "http")]
+pub mod http;
 #[cfg(feature = "enrich")]
 pub mod operator;
 pub mod retry;

@@ -30,8 +30,11 @@ use timely::dataflow::operators::Capability;
 
 use super::{Admission, Backoff, BreakerConfig, BreakerState, CircuitBreaker, EnrichRuntime};
 
+/// Which errors are answers rather than failures of the service.
+type Permanent = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// How [`EnrichAsync::enrich_async`] calls: see each setter.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct AsyncOptions {
     name: String,
     capacity: usize,
@@ -39,6 +42,21 @@ pub struct AsyncOptions {
     ordered: bool,
     retry: Option<Backoff>,
     breaker: Option<BreakerConfig>,
+    permanent: Option<Permanent>,
+}
+
+impl std::fmt::Debug for AsyncOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncOptions")
+            .field("name", &self.name)
+            .field("capacity", &self.capacity)
+            .field("timeout", &self.timeout)
+            .field("ordered", &self.ordered)
+            .field("retry", &self.retry)
+            .field("breaker", &self.breaker)
+            .field("permanent", &self.permanent.is_some())
+            .finish()
+    }
 }
 
 impl AsyncOptions {
@@ -53,7 +71,18 @@ impl AsyncOptions {
             ordered: true,
             retry: None,
             breaker: None,
+            permanent: None,
         }
+    }
+
+    /// Errors for which `permanent(message)` is true are answers, not
+    /// failures of the service (e.g. a 404 for an unknown user): the record
+    /// goes to the failure path at once, without a retry, and the breaker
+    /// counts the call as a success (the service did answer), as
+    /// resilience4j's `ignoreExceptions`.
+    pub fn permanent(mut self, permanent: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
+        self.permanent = Some(Arc::new(permanent));
+        self
     }
 
     /// At most `capacity` calls in flight per worker (at least 1); when
@@ -395,11 +424,16 @@ impl<'scope, D: Data> EnrichAsync<'scope, D> for EventStream<'scope, D> {
                             in_flight += 1;
                             let (call, done, waker, breaker, c) =
                                 (Arc::clone(&call), done_tx.clone(), waker.clone(), breaker.clone(), c.clone());
-                            let (record, timeout, mut retry) =
-                                (slot.record.clone(), options.timeout, options.retry.clone().map(|b| b.reseed(seq)));
+                            let (record, timeout, mut retry, permanent) = (
+                                slot.record.clone(),
+                                options.timeout,
+                                options.retry.clone().map(|b| b.reseed(seq)),
+                                options.permanent.clone(),
+                            );
                             runtime.spawn(async move {
-                                let outcome =
-                                    attempts(&*call, record, timeout, &mut retry, breaker.as_deref(), &c).await;
+                                let policy =
+                                    Policy { timeout, breaker: breaker.as_deref(), permanent: permanent.as_deref() };
+                                let outcome = attempts(&*call, record, &policy, &mut retry, &c).await;
                                 // The operator may be gone (the job ended): nothing to tell.
                                 if done.send((seq, outcome)).is_ok() {
                                     let _ = waker.activate();
@@ -436,17 +470,24 @@ impl<'scope, D: Data> EnrichAsync<'scope, D> for EventStream<'scope, D> {
     }
 }
 
-/// One record's attempts: each with `timeout`, retried after the waits of
-/// `retry` while the breaker lets it; its result, or why it failed and the
-/// attempts made.
+/// What applies to each attempt of a call.
+struct Policy<'a> {
+    timeout: Duration,
+    breaker: Option<&'a SharedBreaker>,
+    permanent: Option<&'a (dyn Fn(&str) -> bool + Send + Sync)>,
+}
+
+/// One record's attempts: each with the policy's timeout, retried after the
+/// waits of `retry` while the breaker lets it; its result, or why it failed
+/// and the attempts made.
 async fn attempts<D: Clone, O, E: Display, Fut: Future<Output = Result<O, E>>>(
     call: &(dyn Fn(D) -> Fut + Send + Sync),
     record: D,
-    timeout: Duration,
+    policy: &Policy<'_>,
     retry: &mut Option<Backoff>,
-    breaker: Option<&SharedBreaker>,
     counters: &EnrichCounters,
 ) -> Result<O, (String, u32)> {
+    let (timeout, breaker) = (policy.timeout, policy.breaker);
     let mut made = 0u32;
     loop {
         made += 1;
@@ -458,7 +499,16 @@ async fn attempts<D: Clone, O, E: Display, Fut: Future<Output = Result<O, E>>>(
                 }
                 return Ok(o);
             }
-            Ok(Err(e)) => e.to_string(),
+            Ok(Err(e)) => {
+                let reason = e.to_string();
+                if policy.permanent.is_some_and(|p| p(&reason)) {
+                    if let Some(b) = breaker {
+                        b.outcome(true, Instant::now());
+                    }
+                    return Err((reason, made));
+                }
+                reason
+            }
             Err(_) => {
                 counters.timeouts.add(1);
                 format!("timed out after {timeout:?}")

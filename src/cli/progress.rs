@@ -62,6 +62,33 @@ impl Gauges {
         let Some(totals) = self.totals.as_ref() else { return 0 };
         totals.local().iter().filter(|(name, _)| name.ends_with(".expired")).map(|(_, n)| n).sum()
     }
+
+    /// The circuit breakers of the job's calls to services, for the
+    /// progress line (empty when the job calls none).
+    pub(super) fn breakers(&self) -> String {
+        self.totals.as_ref().map_or_else(String::new, |totals| breakers(&totals.local()))
+    }
+}
+
+/// ` | breakers NAME open N half-open M` for each enrichment operator in
+/// `totals` (its gauges `NAME.breaker_open` and `NAME.breaker_half_open`,
+/// summed over the workers); empty when there is none.
+pub(super) fn breakers(totals: &BTreeMap<String, u64>) -> String {
+    let mut line = String::new();
+    for (name, open) in totals.iter().filter_map(|(n, v)| n.strip_suffix(".breaker_open").map(|n| (n, v))) {
+        let half_open = totals.get(&format!("{name}.breaker_half_open")).copied().unwrap_or(0);
+        let opened = totals.get(&format!("{name}.breaker_opened")).copied().unwrap_or(0);
+        line.push_str(&format!(
+            " | breaker {name}: {} (opened {opened}x)",
+            match (open, half_open) {
+                (0, 0) => "closed".to_owned(),
+                (n, 0) => format!("open on {n}"),
+                (0, m) => format!("half-open on {m}"),
+                (n, m) => format!("open on {n}, half-open on {m}"),
+            }
+        ));
+    }
+    line
 }
 
 /// Prints a progress line every second until dropped.
@@ -91,7 +118,7 @@ impl Progress {
                     if watermark == 0 || watermark == END_OF_TIME { 0 } else { max_seen.saturating_sub(watermark) };
                 eprintln!(
                     "[{:>6.1}s] events {} ({:.2} M ev/s) | watermark {} | lag {:.1} s | late {} | dead letters {} \
-                     | in flight {} | throttled {:.1} s | drift {} | aligned {:.1} s | expired {}",
+                     | in flight {} | throttled {:.1} s | drift {} | aligned {:.1} s | expired {}{}",
                     started.elapsed().as_secs_f64(),
                     records,
                     rate / 1e6,
@@ -108,6 +135,7 @@ impl Progress {
                         .map_or_else(|| "-".to_owned(), |ms| format!("{:.1} s", ms as f64 / 1000.0)),
                     gauges.source.aligned_us.get() as f64 / 1e6,
                     gauges.expired(),
+                    gauges.breakers(),
                 );
             }
         });
@@ -159,4 +187,30 @@ pub(super) fn summary(gauges: &Gauges, totals: &BTreeMap<String, u64>, started: 
         total(".expired", 0),
         peak_rss_mib(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_progress_line_names_each_breaker_and_its_state() {
+        let totals = |entries: &[(&str, u64)]| -> BTreeMap<String, u64> {
+            entries.iter().map(|(n, v)| ((*n).to_owned(), *v)).collect()
+        };
+        assert_eq!(breakers(&totals(&[("Source.records", 5)])), "");
+        let line = breakers(&totals(&[
+            ("Profiles.breaker_open", 2),
+            ("Profiles.breaker_half_open", 0),
+            ("Profiles.breaker_opened", 3),
+            ("Scores.breaker_open", 0),
+            ("Scores.breaker_half_open", 1),
+            ("Prices.breaker_open", 0),
+        ]));
+        assert_eq!(
+            line,
+            " | breaker Prices: closed (opened 0x) | breaker Profiles: open on 2 (opened 3x) \
+             | breaker Scores: half-open on 1 (opened 0x)"
+        );
+    }
 }

@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Display;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,8 +26,9 @@ use highwater_operators::key::Data;
 use highwater_operators::{Counter, Diff, EventStream, Timestamp};
 use timely::container::CapacityContainerBuilder;
 use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
-use timely::dataflow::operators::generic::OutputBuilder;
+use timely::dataflow::operators::generic::{OutputBuilder, OutputBuilderSession};
 use timely::dataflow::operators::Capability;
+use timely::scheduling::SyncActivator;
 
 use super::{Admission, Backoff, BreakerConfig, BreakerState, CircuitBreaker, EnrichRuntime};
 
@@ -144,7 +146,8 @@ pub struct Enriched<'scope, D: 'static, O: 'static> {
     pub failures: EventStream<'scope, Failed<D>>,
     /// Counters of this process's workers (also in the job's totals as
     /// `<name>.calls`, `.retries`, `.timeouts`, `.failed`, `.rejected`,
-    /// `.breaker_opened`, `.breaker_closed`, and the gauge `.in_flight`).
+    /// `.breaker_opened`, `.breaker_closed`, and the gauges `.in_flight`,
+    /// `.breaker_open` and `.breaker_half_open`).
     pub counters: EnrichCounters,
 }
 
@@ -181,6 +184,11 @@ pub struct EnrichCounters {
     pub breaker_closed: Counter,
     /// Calls in flight now (a gauge).
     pub in_flight: Counter,
+    /// 1 while this worker's breaker is open, else 0 (a gauge: summed over
+    /// the workers in the job's totals, the number of breakers open).
+    pub breaker_open: Counter,
+    /// 1 while this worker's breaker is half-open (probing), else 0.
+    pub breaker_half_open: Counter,
 }
 
 impl EnrichCounters {
@@ -194,6 +202,8 @@ impl EnrichCounters {
             ("breaker_opened", &self.breaker_opened),
             ("breaker_closed", &self.breaker_closed),
             ("in_flight", &self.in_flight),
+            ("breaker_open", &self.breaker_open),
+            ("breaker_half_open", &self.breaker_half_open),
         ];
         for (what, counter) in each {
             highwater_operators::totals::Totals::count_in(scope, &format!("{name}.{what}"), counter);
@@ -223,6 +233,8 @@ impl SharedBreaker {
         let before = breaker.state();
         let r = f(&mut breaker);
         let after = breaker.state();
+        self.counters.breaker_open.set(u64::from(matches!(after, BreakerState::Open { .. })));
+        self.counters.breaker_half_open.set(u64::from(matches!(after, BreakerState::HalfOpen { .. })));
         match (before, after) {
             (BreakerState::Open { .. }, BreakerState::Open { .. })
             | (BreakerState::Closed, BreakerState::Closed)
@@ -252,6 +264,9 @@ struct Slot<D, O> {
     record: D,
     outcome: Option<Result<O, (String, u32)>>,
 }
+
+/// An answer on its way out: the timely time it goes at, and the update.
+type Answer<R> = (Timestamp, (R, Timestamp, Diff));
 
 /// A call's completion, sent from the runtime to the worker.
 type Completion<O> = (u64, Result<O, (String, u32)>);
@@ -316,15 +331,24 @@ impl<'scope, D: Data> EnrichAsync<'scope, D> for EventStream<'scope, D> {
         let mut failures_out =
             OutputBuilder::<_, CapacityContainerBuilder<Vec<(Failed<D>, Timestamp, Diff)>>>::from(failures_out);
         let waker = scope.worker().sync_activator_for(builder.operator_info().address.to_vec());
-        let breaker = options.breaker.map(|config| {
-            Arc::new(SharedBreaker {
-                breaker: Mutex::new(CircuitBreaker::new(config)),
-                name: options.name.clone(),
-                counters: counters.clone(),
-            })
+        let breaker = options.breaker.map(|config| SharedBreaker {
+            breaker: Mutex::new(CircuitBreaker::new(config)),
+            name: options.name.clone(),
+            counters: counters.clone(),
         });
-        let call = Arc::new(call);
         let (done_tx, done_rx) = mpsc::channel::<Completion<O>>();
+        // What every call of this operator shares: one `Arc` clone per call.
+        let shared = Arc::new(Calls {
+            call,
+            done: done_tx,
+            waker,
+            woken: AtomicBool::new(false),
+            breaker,
+            counters: counters.clone(),
+            timeout: options.timeout,
+            permanent: options.permanent.clone(),
+            _record: std::marker::PhantomData,
+        });
         let c = counters.clone();
 
         builder.build(move |capabilities| {
@@ -336,28 +360,21 @@ impl<'scope, D: Data> EnrichAsync<'scope, D> for EventStream<'scope, D> {
             let mut stamps: BTreeMap<Timestamp, usize> = BTreeMap::new();
             // Records taken from the input that wait for room.
             let mut backlog: VecDeque<(Timestamp, D, Timestamp, Diff)> = VecDeque::new();
+            // Answers of this activation, sent at the end in runs of one
+            // timely time (one session each).
+            let mut ok_out: Vec<Answer<O>> = Vec::new();
+            let mut failed_out: Vec<Answer<Failed<D>>> = Vec::new();
             let mut next_seq = 0u64;
             let mut in_flight = 0usize;
             move |frontiers| {
-                let mut results = results_out.activate();
-                let mut failures = failures_out.activate();
                 // Answers out: in order, or as they come.
                 let mut emit = |slot: Slot<D, O>, stamps: &mut BTreeMap<Timestamp, usize>| {
-                    let outcome = slot.outcome.expect("an answered slot");
-                    let cap = caps[if outcome.is_ok() { 0 } else { 1 }]
-                        .as_ref()
-                        .expect("a record held keeps the capabilities")
-                        .delayed(&slot.stamp);
-                    match outcome {
-                        Ok(o) => results.session(&cap).give((o, slot.time, slot.diff)),
-                        Err((reason, attempts)) => {
-                            c.failed.add(1);
-                            failures.session(&cap).give((
-                                Failed { record: slot.record, reason, attempts },
-                                slot.time,
-                                slot.diff,
-                            ));
-                        }
+                    match slot.outcome.expect("an answered slot") {
+                        Ok(o) => ok_out.push((slot.stamp, (o, slot.time, slot.diff))),
+                        Err((reason, attempts)) => failed_out.push((
+                            slot.stamp,
+                            (Failed { record: slot.record, reason, attempts }, slot.time, slot.diff),
+                        )),
                     }
                     if let Some(n) = stamps.get_mut(&slot.stamp) {
                         *n -= 1;
@@ -369,7 +386,9 @@ impl<'scope, D: Data> EnrichAsync<'scope, D> for EventStream<'scope, D> {
                 // Completed calls first; then, while there is room, the
                 // input (all that waits in the channel) and calls for it;
                 // records the breaker rejects are answered at once, which
-                // makes room again.
+                // makes room again. (Cleared before the completions are
+                // read: a call completing after this wakes the operator.)
+                shared.woken.store(false, Ordering::Release);
                 let mut answered: Vec<Completion<O>> = done_rx.try_iter().collect();
                 in_flight -= answered.len();
                 let mut read = false;
@@ -414,7 +433,7 @@ impl<'scope, D: Data> EnrichAsync<'scope, D> for EventStream<'scope, D> {
                         room -= 1;
                         let seq = next_seq;
                         next_seq += 1;
-                        let admission = breaker.as_ref().map_or(Admission::Call, |b| b.admit(now));
+                        let admission = shared.breaker.as_ref().map_or(Admission::Call, |b| b.admit(now));
                         let slot = Slot { stamp, time, diff, record, outcome: None };
                         if let Admission::Rejected { .. } = admission {
                             // Fails fast: answered in this activation, without a call.
@@ -422,22 +441,11 @@ impl<'scope, D: Data> EnrichAsync<'scope, D> for EventStream<'scope, D> {
                             answered.push((seq, Err(("the circuit breaker is open".to_owned(), 0))));
                         } else {
                             in_flight += 1;
-                            let (call, done, waker, breaker, c) =
-                                (Arc::clone(&call), done_tx.clone(), waker.clone(), breaker.clone(), c.clone());
-                            let (record, timeout, mut retry, permanent) = (
-                                slot.record.clone(),
-                                options.timeout,
-                                options.retry.clone().map(|b| b.reseed(seq)),
-                                options.permanent.clone(),
-                            );
+                            let (calls, record) = (Arc::clone(&shared), slot.record.clone());
+                            let mut retry = options.retry.clone().map(|b| b.reseed(seq));
                             runtime.spawn(async move {
-                                let policy =
-                                    Policy { timeout, breaker: breaker.as_deref(), permanent: permanent.as_deref() };
-                                let outcome = attempts(&*call, record, &policy, &mut retry, &c).await;
-                                // The operator may be gone (the job ended): nothing to tell.
-                                if done.send((seq, outcome)).is_ok() {
-                                    let _ = waker.activate();
-                                }
+                                let outcome = attempts(&calls, record, &mut retry).await;
+                                calls.answer(seq, outcome);
                             });
                         }
                         if options.ordered {
@@ -451,7 +459,9 @@ impl<'scope, D: Data> EnrichAsync<'scope, D> for EventStream<'scope, D> {
                     }
                 }
                 c.in_flight.set(in_flight as u64);
-                drop((results, failures));
+                c.failed.add(failed_out.len() as u64);
+                send_runs(&mut results_out.activate(), &caps[0], &mut ok_out);
+                send_runs(&mut failures_out.activate(), &caps[1], &mut failed_out);
                 // The capabilities: at the earliest record held, or the input's frontier.
                 let frontier = frontiers[0].frontier().as_option().copied();
                 match [frontier, stamps.keys().next().copied()].into_iter().flatten().min() {
@@ -470,29 +480,46 @@ impl<'scope, D: Data> EnrichAsync<'scope, D> for EventStream<'scope, D> {
     }
 }
 
-/// What applies to each attempt of a call.
-struct Policy<'a> {
+/// What every call of one operator (on one worker) shares: the user
+/// function, the way back to the worker, the breaker and the policy.
+struct Calls<D, O, F> {
+    call: F,
+    done: mpsc::Sender<Completion<O>>,
+    waker: SyncActivator,
+    /// Whether the worker has been asked to run the operator since it last
+    /// read the completions: one wake-up for many completions.
+    woken: AtomicBool,
+    breaker: Option<SharedBreaker>,
+    counters: EnrichCounters,
     timeout: Duration,
-    breaker: Option<&'a SharedBreaker>,
-    permanent: Option<&'a (dyn Fn(&str) -> bool + Send + Sync)>,
+    permanent: Option<Permanent>,
+    _record: std::marker::PhantomData<fn(D)>,
 }
 
-/// One record's attempts: each with the policy's timeout, retried after the
-/// waits of `retry` while the breaker lets it; its result, or why it failed
-/// and the attempts made.
-async fn attempts<D: Clone, O, E: Display, Fut: Future<Output = Result<O, E>>>(
-    call: &(dyn Fn(D) -> Fut + Send + Sync),
+impl<D, O, F> Calls<D, O, F> {
+    /// Hands a call's outcome to the worker, waking it unless it is awake
+    /// already. (The operator may be gone, the job ended: nothing to tell.)
+    fn answer(&self, seq: u64, outcome: Result<O, (String, u32)>) {
+        if self.done.send((seq, outcome)).is_ok() && !self.woken.swap(true, Ordering::AcqRel) {
+            let _ = self.waker.activate();
+        }
+    }
+}
+
+/// One record's attempts: each with the timeout, retried after the waits of
+/// `retry` while the breaker lets it; its result, or why it failed and the
+/// attempts made.
+async fn attempts<D: Clone, O, E: Display, F: Fn(D) -> Fut, Fut: Future<Output = Result<O, E>>>(
+    calls: &Calls<D, O, F>,
     record: D,
-    policy: &Policy<'_>,
     retry: &mut Option<Backoff>,
-    counters: &EnrichCounters,
 ) -> Result<O, (String, u32)> {
-    let (timeout, breaker) = (policy.timeout, policy.breaker);
+    let (timeout, breaker, counters) = (calls.timeout, calls.breaker.as_ref(), &calls.counters);
     let mut made = 0u32;
     loop {
         made += 1;
         counters.calls.add(1);
-        let reason = match tokio::time::timeout(timeout, call(record.clone())).await {
+        let reason = match tokio::time::timeout(timeout, (calls.call)(record.clone())).await {
             Ok(Ok(o)) => {
                 if let Some(b) = breaker {
                     b.outcome(true, Instant::now());
@@ -501,7 +528,7 @@ async fn attempts<D: Clone, O, E: Display, Fut: Future<Output = Result<O, E>>>(
             }
             Ok(Err(e)) => {
                 let reason = e.to_string();
-                if policy.permanent.is_some_and(|p| p(&reason)) {
+                if calls.permanent.as_ref().is_some_and(|p| p(&reason)) {
                     if let Some(b) = breaker {
                         b.outcome(true, Instant::now());
                     }
@@ -527,5 +554,23 @@ async fn attempts<D: Clone, O, E: Display, Fut: Future<Output = Result<O, E>>>(
             }
         }
         counters.retries.add(1);
+    }
+}
+
+/// Sends `answers` (each with the timely time it goes out at) on `output`:
+/// one session per run of one time, in their order.
+fn send_runs<R: Clone + 'static>(
+    output: &mut OutputBuilderSession<'_, Timestamp, CapacityContainerBuilder<Vec<R>>>,
+    cap: &Option<Capability<Timestamp>>,
+    answers: &mut Vec<(Timestamp, R)>,
+) {
+    let mut answers = answers.drain(..).peekable();
+    while let Some((stamp, first)) = answers.next() {
+        let cap = cap.as_ref().expect("a record held keeps the capabilities").delayed(&stamp);
+        let mut session = output.session(&cap);
+        session.give(first);
+        while let Some((_, r)) = answers.next_if(|(s, _)| *s == stamp) {
+            session.give(r);
+        }
     }
 }

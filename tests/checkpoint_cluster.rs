@@ -63,26 +63,31 @@ fn bindable(port: u16) -> bool {
 }
 
 /// Ports for a cluster of `processes`: each free, with its port + 1000 (the
-/// default checkpoint coordinator of process 0) free too. Chosen below the
-/// ephemeral range, so that outgoing connections do not take them meanwhile.
+/// default checkpoint coordinator of process 0) free too, and none handed
+/// out before in this test process (the tests run in parallel: a port free
+/// now may be another test's whose processes have not bound it yet; once,
+/// two tests picked the same one and a process joined the other test's
+/// cluster). Chosen below the ephemeral range, so that outgoing
+/// connections do not take them meanwhile.
 fn free_ports(processes: usize) -> Vec<u16> {
-    static NEXT: Mutex<u64> = Mutex::new(0);
-    let mut state = NEXT.lock().unwrap_or_else(|p| p.into_inner());
-    if *state == 0 {
-        *state = (std::process::id() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    static STATE: Mutex<(u64, Vec<u16>)> = Mutex::new((0, Vec::new()));
+    let mut state = STATE.lock().unwrap_or_else(|p| p.into_inner());
+    if state.0 == 0 {
+        state.0 = (std::process::id() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
             ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
             | 1;
     }
-    let mut rng = Rng(*state);
+    let mut rng = Rng(state.0);
     let mut ports: Vec<u16> = Vec::new();
     while ports.len() < processes {
         let p = 20_000 + (rng.next() % 10_000) as u16;
-        let taken = ports.iter().any(|&q| [q, q + 1000].iter().any(|&t| t == p || t == p + 1000));
+        let taken = ports.iter().chain(state.1.iter()).any(|&q| [q, q + 1000].iter().any(|&t| t == p || t == p + 1000));
         if !taken && bindable(p) && bindable(p + 1000) {
             ports.push(p);
         }
     }
-    *state = rng.0;
+    state.0 = rng.0;
+    state.1.extend_from_slice(&ports);
     ports
 }
 

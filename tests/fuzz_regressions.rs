@@ -20,9 +20,10 @@ use highwater::operators::checkpoint::encode_chunk;
 type Harness = fn(&[u8]) -> Outcome;
 
 /// The targets, by the name of their `cargo fuzz` target and directories.
-const TARGETS: [(&str, Harness); 8] = [
+const TARGETS: [(&str, Harness); 9] = [
     ("json_lines", fuzzing::json_lines),
     ("nexmark", fuzzing::nexmark),
+    ("nexmark_fast", fuzzing::nexmark_fast),
     ("debezium", fuzzing::debezium),
     ("pgoutput", fuzzing::pgoutput),
     ("cep", fuzzing::cep),
@@ -203,10 +204,28 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     ] {
         let mut line = Vec::new();
         write_event(&mut line, &event).expect("writing to a Vec");
-        add("nexmark", name, line);
+        add("nexmark", name, line.clone());
+        add("nexmark_fast", name, line);
     }
     add("nexmark", "bad-wrong-key", br#"{"event_type":1,"bid":{}}"#.to_vec());
     add("nexmark", "bad-type", br#"{"event_type":3}"#.to_vec());
+    // The fast path's edges: whitespace, another key order, an escape, numbers
+    // it leaves to serde_json, a repeated key.
+    let bid = r#"{"event_type":2,"bid":{"auction":1000,"bidder":1001,"price":16637,"channel":"Google","url":"u","dateTime":1704067203456,"extra":""}}"#;
+    add("nexmark_fast", "spaced", bid.replace(',', " ,\t").replace(':', " : ").into_bytes());
+    add(
+        "nexmark_fast",
+        "bid-first",
+        br#"{"bid":{"auction":1,"bidder":2,"price":3,"channel":"c","url":"u","dateTime":4,"extra":""},"event_type":2}"#
+            .to_vec(),
+    );
+    add("nexmark_fast", "escape", bid.replace("Google", "Goo\\u0067le").into_bytes());
+    add("nexmark_fast", "bad-leading-zero", bid.replace("16637", "016637").into_bytes());
+    add("nexmark_fast", "bad-negative-zero", bid.replace("16637", "-0").into_bytes());
+    add("nexmark_fast", "bad-fraction", bid.replace("16637", "16637.0").into_bytes());
+    add("nexmark_fast", "bad-big", bid.replace("16637", "9223372036854775808").into_bytes());
+    add("nexmark_fast", "bad-repeated", bid.replace("\"price\"", "\"price\":1,\"price\"").into_bytes());
+    add("nexmark_fast", "bad-control", bid.replace("Google", "Go\togle").into_bytes());
 
     // Debezium: fixture lines (with and without a schema), and every logical type.
     let customers = read("tests/fixtures/debezium/customers.jsonl");

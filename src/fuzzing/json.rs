@@ -183,6 +183,16 @@ pub fn nexmark(data: &[u8]) -> Outcome {
     Outcome::from(&decoded)
 }
 
+/// The Nexmark decoder's fast path (a scanner that gives up on anything
+/// unusual, then `serde_json`) on one line: the decoder gives exactly what it
+/// gives without the fast path — the same event, or the same error.
+pub fn nexmark_fast(data: &[u8]) -> Outcome {
+    let decoded = NexmarkDecoder.decode(data);
+    let reference = crate::nexmark::decode_without_fast_path(data);
+    assert_eq!(decoded, reference, "the fast path disagrees with serde_json");
+    Outcome::from(&decoded)
+}
+
 /// The Debezium decoder ([`DebeziumDecoder`], keyed by `id`) on one line,
 /// as its source reads it ([`Decode::decode_into`]; bytes, then JSON, then
 /// the event). Checks that it accepts exactly the JSON that `serde_json`

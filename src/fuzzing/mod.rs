@@ -18,7 +18,7 @@ mod pgoutput;
 
 pub use cep::cep;
 pub use checkpoint::{manifest, shard_chunk, shard_file};
-pub use json::{debezium, json_lines, nexmark, Click, Page};
+pub use json::{debezium, json_lines, nexmark, nexmark_fast, Click, Page};
 #[cfg(feature = "postgres")]
 pub use pgoutput::{encode_pgoutput, pgoutput};
 

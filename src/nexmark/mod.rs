@@ -14,6 +14,7 @@ mod model;
 pub mod queries;
 
 pub use generator::{ConfigError, Generator, GeneratorConfig, GeneratorReader, GeneratorSource, DEFAULT_BASE_TIME};
+pub(crate) use json::decode_without_fast_path;
 pub use json::{write_event, NexmarkDecoder};
 pub use model::{Auction, Bid, Event, Person};
 pub use queries::{build, Query, QueryKind, QueryOptions, QueryOutput};

@@ -15,8 +15,10 @@
 
 mod decode;
 mod file;
+pub(crate) mod intern;
 mod memory;
 mod read;
+pub(crate) mod scan;
 pub(crate) use read::run_with_board;
 
 pub use decode::{Decode, DecodeError, JsonDecoder, RawDecoder, TextDecoder};

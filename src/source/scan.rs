@@ -1,0 +1,284 @@
+//! A forward-only JSON scanner for decoders that know their record's shape.
+//!
+//! The fast path of a decoder: it reads exactly the JSON it is asked for —
+//! a punctuation byte, a key, a string, a non-negative integer — skipping
+//! JSON whitespace, and answers `None` for anything else: a string with an
+//! escape, a number that is not a plain integer of at most 18 digits, an
+//! unexpected byte. The caller then decodes the record with `serde_json`,
+//! which decides (and explains) every case the scanner gives up on. So a fast
+//! path built on it never changes which records are accepted nor the reasons
+//! given for the rejected ones, as long as what it accepts `serde_json`
+//! accepts as the same value (for the Nexmark decoder: a property test in
+//! `nexmark::json` and the `nexmark_fast` fuzz target).
+//!
+//! Strings are found with `memchr` (SIMD) and checked in one pass that the
+//! compiler vectorizes: no control character (JSON forbids them raw), and
+//! UTF-8 (ASCII needs no further check).
+
+/// A cursor over one JSON text; see the [module documentation](self).
+#[derive(Debug)]
+pub(crate) struct Scanner<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Scanner<'a> {
+    /// A scanner at the start of `bytes`.
+    #[inline]
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        Scanner { bytes, pos: 0 }
+    }
+
+    #[inline]
+    fn skip_whitespace(&mut self) {
+        while let Some(&b) = self.bytes.get(self.pos) {
+            if !matches!(b, b' ' | b'\n' | b'\r' | b'\t') {
+                break;
+            }
+            self.pos += 1;
+        }
+    }
+
+    /// The byte `b` (after any whitespace).
+    #[inline]
+    pub(crate) fn punct(&mut self, b: u8) -> Option<()> {
+        self.skip_whitespace();
+        if self.bytes.get(self.pos) == Some(&b) {
+            self.pos += 1;
+            Some(())
+        } else {
+            None
+        }
+    }
+
+    /// After a member of an object: `,` (`Some(true)`, another member
+    /// follows) or `}` (`Some(false)`, the object ends).
+    #[inline]
+    pub(crate) fn next_member(&mut self) -> Option<bool> {
+        self.skip_whitespace();
+        let more = match self.bytes.get(self.pos)? {
+            b',' => true,
+            b'}' => false,
+            _ => return None,
+        };
+        self.pos += 1;
+        Some(more)
+    }
+
+    /// The end of the text (nothing but whitespace left).
+    #[inline]
+    pub(crate) fn end(&mut self) -> Option<()> {
+        self.skip_whitespace();
+        (self.pos == self.bytes.len()).then_some(())
+    }
+
+    /// A string without escapes: its bytes, and whether they are all
+    /// printable ASCII (so checked already).
+    #[inline]
+    fn raw_string(&mut self) -> Option<(&'a [u8], bool)> {
+        self.skip_whitespace();
+        if self.bytes.get(self.pos) != Some(&b'"') {
+            return None;
+        }
+        let start = self.pos + 1;
+        let rest = &self.bytes[start..];
+        let first = first_special(rest)?;
+        let (len, ascii) = match rest[first] {
+            b'"' => (first, true),
+            b if b >= 0x80 => {
+                let len = first + memchr::memchr2(b'"', b'\\', &rest[first..])?;
+                (len, false)
+            }
+            _ => return None,
+        };
+        if rest[len] != b'"' {
+            return None;
+        }
+        self.pos = start + len + 1;
+        Some((&rest[..len], ascii))
+    }
+
+    /// An object key and its `:`.
+    #[inline]
+    pub(crate) fn key(&mut self) -> Option<&'a [u8]> {
+        let (key, _) = self.raw_string()?;
+        self.punct(b':')?;
+        Some(key)
+    }
+
+    /// A string without escapes, with no control character, in UTF-8.
+    #[inline]
+    pub(crate) fn string(&mut self) -> Option<&'a str> {
+        match self.raw_string()? {
+            // SAFETY: printable ASCII is UTF-8.
+            (bytes, true) => Some(unsafe { std::str::from_utf8_unchecked(bytes) }),
+            (bytes, false) => text(bytes),
+        }
+    }
+
+    /// A non-negative integer of at most 18 digits (so any `i64` or `u64`
+    /// field takes it), without a leading zero, fraction or exponent.
+    #[inline]
+    pub(crate) fn integer(&mut self) -> Option<u64> {
+        self.skip_whitespace();
+        let start = self.pos;
+        let mut value = 0u64;
+        while let Some(&b) = self.bytes.get(self.pos) {
+            let digit = b.wrapping_sub(b'0');
+            if digit > 9 {
+                break;
+            }
+            if self.pos - start == 18 {
+                return None;
+            }
+            value = value * 10 + u64::from(digit);
+            self.pos += 1;
+        }
+        let digits = self.pos - start;
+        if digits == 0 || (digits > 1 && self.bytes[start] == b'0') {
+            return None;
+        }
+        if matches!(self.bytes.get(self.pos), Some(b'.' | b'e' | b'E')) {
+            return None;
+        }
+        Some(value)
+    }
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// The index of the first byte of `bytes` that is `"`, `\\`, a control
+/// character or not ASCII: sixteen bytes at a time with SSE2 (every x86-64
+/// CPU has it), the rest eight at a time.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn first_special(bytes: &[u8]) -> Option<usize> {
+    use std::arch::x86_64::{
+        _mm_cmpeq_epi8, _mm_cmplt_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8,
+    };
+    let mut blocks = bytes.chunks_exact(16);
+    let mut at = 0;
+    // SAFETY: SSE2 is part of x86-64, and each load reads the 16 bytes of a
+    // block (unaligned loads are allowed).
+    unsafe {
+        let quote = _mm_set1_epi8(b'"' as i8);
+        let backslash = _mm_set1_epi8(b'\\' as i8);
+        let space = _mm_set1_epi8(0x20);
+        for block in blocks.by_ref() {
+            let v = _mm_loadu_si128(block.as_ptr().cast());
+            // Signed: bytes from 0x80 up are negative, so below 0x20 as well.
+            let flags = _mm_or_si128(
+                _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
+                _mm_cmplt_epi8(v, space),
+            );
+            let mask = _mm_movemask_epi8(flags);
+            if mask != 0 {
+                return Some(at + mask.trailing_zeros() as usize);
+            }
+            at += 16;
+        }
+    }
+    first_special_in_words(blocks.remainder()).map(|i| at + i)
+}
+
+/// [`first_special`] on other CPUs.
+#[cfg(not(target_arch = "x86_64"))]
+#[inline]
+fn first_special(bytes: &[u8]) -> Option<usize> {
+    first_special_in_words(bytes)
+}
+
+/// [`first_special`] eight bytes at a time, each word tested for all four
+/// kinds at once (the lowest byte the test flags is always a true one).
+#[inline]
+fn first_special_in_words(bytes: &[u8]) -> Option<usize> {
+    let mut words = bytes.chunks_exact(8);
+    let mut at = 0;
+    for word in words.by_ref() {
+        let w = u64::from_le_bytes(word.try_into().expect("eight bytes"));
+        let quote = w ^ (ONES * u64::from(b'"'));
+        let backslash = w ^ (ONES * u64::from(b'\\'));
+        let flags = ((quote.wrapping_sub(ONES) & !quote)
+            | (backslash.wrapping_sub(ONES) & !backslash)
+            | (w.wrapping_sub(ONES * 0x20) & !w)
+            | w)
+            & HIGHS;
+        if flags != 0 {
+            return Some(at + (flags.trailing_zeros() / 8) as usize);
+        }
+        at += 8;
+    }
+    words.remainder().iter().position(|&b| b == b'"' || b == b'\\' || !(0x20..0x80).contains(&b)).map(|i| at + i)
+}
+
+/// `bytes` as a JSON string's text: `None` if it holds a control character
+/// or is not UTF-8.
+#[inline]
+fn text(bytes: &[u8]) -> Option<&str> {
+    let (mut control, mut high) = (false, false);
+    for &b in bytes {
+        control |= b < 0x20;
+        high |= b >= 0x80;
+    }
+    if control {
+        return None;
+    }
+    if high {
+        std::str::from_utf8(bytes).ok()
+    } else {
+        // SAFETY: every byte is below 0x80, and ASCII is UTF-8.
+        Some(unsafe { std::str::from_utf8_unchecked(bytes) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_what_it_is_asked_for_and_gives_up_on_the_rest() {
+        let mut s = Scanner::new(br#" { "a" : 12 , "b":"x y","c":0}  "#);
+        assert_eq!(s.punct(b'{'), Some(()));
+        assert_eq!(s.key(), Some(&b"a"[..]));
+        assert_eq!(s.integer(), Some(12));
+        assert_eq!(s.next_member(), Some(true));
+        assert_eq!(s.key(), Some(&b"b"[..]));
+        assert_eq!(s.string(), Some("x y"));
+        assert_eq!(s.next_member(), Some(true));
+        assert_eq!(s.key(), Some(&b"c"[..]));
+        assert_eq!(s.integer(), Some(0));
+        assert_eq!(s.next_member(), Some(false));
+        assert_eq!(s.end(), Some(()));
+
+        for number in ["01", "-1", "-0", "1.5", "1e3", "1E3", "", "1234567890123456789", "x"] {
+            assert_eq!(Scanner::new(number.as_bytes()).integer(), None, "{number}");
+        }
+        assert_eq!(Scanner::new(b"123456789012345678").integer(), Some(123_456_789_012_345_678));
+        for string in [r#""a\"b""#, "\"a\tb\"", "\"\u{1}\"", "\"open", "x"] {
+            assert_eq!(Scanner::new(string.as_bytes()).string(), None, "{string:?}");
+        }
+        assert_eq!(Scanner::new(b"\"\xff\"").string(), None);
+        assert_eq!(Scanner::new("\"é ü\"".as_bytes()).string(), Some("é ü"));
+        assert_eq!(Scanner::new(b"} x").end(), None);
+    }
+
+    #[test]
+    fn the_word_at_a_time_search_finds_the_first_special_byte() {
+        // Every position in a word and in the tail, every kind of byte,
+        // after plain and after non-ASCII text.
+        for len in 0..40 {
+            for special in [b'"', b'\\', 0x00, 0x1f, 0x80, 0xff] {
+                for filler in [b'a', b' ', b'~', 0x7f] {
+                    let mut bytes = vec![filler; len];
+                    bytes.push(special);
+                    bytes.extend_from_slice(b"\"\\\x01\xc3");
+                    assert_eq!(first_special(&bytes), Some(len), "{len} {special:#x} {filler:#x}");
+                    assert_eq!(first_special_in_words(&bytes), Some(len), "{len} {special:#x} {filler:#x}");
+                }
+            }
+            assert_eq!(first_special(&vec![b'x'; len]), None);
+            assert_eq!(first_special_in_words(&vec![b'x'; len]), None);
+        }
+    }
+}

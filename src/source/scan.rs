@@ -20,13 +20,21 @@
 pub(crate) struct Scanner<'a> {
     bytes: &'a [u8],
     pos: usize,
+    /// Where the text is plain — at most [`INDEXED`] bytes, all printable
+    /// ASCII (no backslash, no control character, so no escape and no
+    /// whitespace but spaces) — bit `i` is set iff byte `i` is a `"`: a
+    /// string's end is then the next set bit, found without reading it again.
+    quotes: Option<[u64; INDEXED / 64]>,
 }
+
+/// The longest text [`Scanner`] indexes.
+const INDEXED: usize = 1024;
 
 impl<'a> Scanner<'a> {
     /// A scanner at the start of `bytes`.
     #[inline]
     pub(crate) fn new(bytes: &'a [u8]) -> Self {
-        Scanner { bytes, pos: 0 }
+        Scanner { bytes, pos: 0, quotes: index_quotes(bytes) }
     }
 
     #[inline]
@@ -81,6 +89,11 @@ impl<'a> Scanner<'a> {
             return None;
         }
         let start = self.pos + 1;
+        if let Some(quotes) = &self.quotes {
+            let end = next_set_bit(quotes, start)?;
+            self.pos = end + 1;
+            return Some((&self.bytes[start..end], true));
+        }
         let rest = &self.bytes[start..];
         let first = first_special(rest)?;
         let (len, ascii) = match rest[first] {
@@ -143,6 +156,60 @@ impl<'a> Scanner<'a> {
         }
         Some(value)
     }
+}
+
+/// The first set bit at or after `from`.
+#[inline]
+fn next_set_bit(bits: &[u64; INDEXED / 64], from: usize) -> Option<usize> {
+    let mut word = from / 64;
+    let mut rest = *bits.get(word)? & (!0u64 << (from % 64));
+    while rest == 0 {
+        word += 1;
+        rest = *bits.get(word)?;
+    }
+    Some(word * 64 + rest.trailing_zeros() as usize)
+}
+
+/// The quotes of `bytes` as bits, if it is plain (see [`Scanner::quotes`]):
+/// one pass, sixteen bytes at a time.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn index_quotes(bytes: &[u8]) -> Option<[u64; INDEXED / 64]> {
+    use std::arch::x86_64::{
+        _mm_cmpeq_epi8, _mm_cmplt_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8,
+    };
+    if bytes.len() > INDEXED {
+        return None;
+    }
+    let mut quotes = [0u64; INDEXED / 64];
+    let mut special = 0;
+    let mut blocks = bytes.chunks_exact(16);
+    // SAFETY: SSE2 is part of x86-64, and each load reads the 16 bytes of a
+    // block (unaligned loads are allowed).
+    unsafe {
+        let quote = _mm_set1_epi8(b'"' as i8);
+        let backslash = _mm_set1_epi8(b'\\' as i8);
+        let space = _mm_set1_epi8(0x20);
+        for (i, block) in blocks.by_ref().enumerate() {
+            let v = _mm_loadu_si128(block.as_ptr().cast());
+            let q = _mm_movemask_epi8(_mm_cmpeq_epi8(v, quote)) as u64;
+            special |= _mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(v, backslash), _mm_cmplt_epi8(v, space)));
+            quotes[i / 4] |= q << ((i % 4) * 16);
+        }
+    }
+    let at = bytes.len() - blocks.remainder().len();
+    for (i, &b) in blocks.remainder().iter().enumerate() {
+        special |= i32::from(b == b'\\' || !(0x20..0x80).contains(&b));
+        quotes[(at + i) / 64] |= u64::from(b == b'"') << ((at + i) % 64);
+    }
+    (special == 0).then_some(quotes)
+}
+
+/// No index on other CPUs.
+#[cfg(not(target_arch = "x86_64"))]
+#[inline]
+fn index_quotes(_: &[u8]) -> Option<[u64; INDEXED / 64]> {
+    None
 }
 
 const ONES: u64 = 0x0101_0101_0101_0101;
@@ -261,6 +328,43 @@ mod tests {
         assert_eq!(Scanner::new(b"\"\xff\"").string(), None);
         assert_eq!(Scanner::new("\"é ü\"".as_bytes()).string(), Some("é ü"));
         assert_eq!(Scanner::new(b"} x").end(), None);
+    }
+
+    #[test]
+    fn plain_texts_are_indexed_and_read_alike() {
+        let plain =
+            br#"{"a":"xyz","bb":"","c":"0123456789012345678901234567890123456789012345678901234567890123456789"}"#;
+        let mut s = Scanner::new(plain);
+        assert!(s.quotes.is_some());
+        let mut unindexed = Scanner::new(plain);
+        unindexed.quotes = None;
+        for scanner in [&mut s, &mut unindexed] {
+            scanner.punct(b'{').unwrap();
+            assert_eq!(scanner.key(), Some(&b"a"[..]));
+            assert_eq!(scanner.string(), Some("xyz"));
+            scanner.next_member().unwrap();
+            assert_eq!(scanner.key(), Some(&b"bb"[..]));
+            assert_eq!(scanner.string(), Some(""));
+            scanner.next_member().unwrap();
+            assert_eq!(scanner.key(), Some(&b"c"[..]));
+            assert_eq!(scanner.string().map(str::len), Some(70));
+            assert_eq!(scanner.next_member(), Some(false));
+            assert_eq!(scanner.end(), Some(()));
+        }
+        // An unterminated string at every length, indexed.
+        for len in 0..200 {
+            let mut text = b"\"".to_vec();
+            text.extend(std::iter::repeat_n(b'x', len));
+            let mut s = Scanner::new(&text);
+            assert!(s.quotes.is_some());
+            assert_eq!(s.string(), None);
+            text.push(b'"');
+            assert_eq!(Scanner::new(&text).string().map(str::len), Some(len));
+        }
+        for text in [&b"\"a\\\"b\""[..], b"\"a\tb\"", "\"é\"".as_bytes(), b"{ \n}"] {
+            assert!(Scanner::new(text).quotes.is_none(), "{text:?}");
+        }
+        assert!(Scanner::new(&vec![b' '; INDEXED + 1]).quotes.is_none());
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! away): `serde_json` into owned records (highwater's decoder before its fast
 //! path) and into records that borrow their strings (`Cow<str>`), `sonic-rs`
 //! into both, `simd-json` (its serde path needs a mutable copy of each line)
-//! into borrowed ones, and highwater's `NexmarkDecoder` (owned `Event`s).
+//! into borrowed ones, and highwater's decoders: `JsonDecoder<T>` (any serde
+//! type) into the owned records, `NexmarkDecoder` into `Event`s.
 //!
 //! ```text
 //! cargo bench --bench decode -- --events 5000000 --runs 3 --workers 1,2 --queries q0,q1,q2,q5,q7
@@ -25,7 +26,7 @@ use std::time::Instant;
 
 use common::{field, median};
 use highwater::nexmark::{write_event, Auction, Bid, Generator, GeneratorConfig, NexmarkDecoder, Person};
-use highwater::source::Decode;
+use highwater::source::{Decode, JsonDecoder};
 use serde::Deserialize;
 
 struct Options {
@@ -212,6 +213,10 @@ fn parsers(o: &Options, text: &[u8]) {
                 scratch.extend_from_slice(l);
                 simd_json::serde::from_slice::<Borrowed<'_>>(&mut scratch).unwrap().checksum()
             }),
+        ),
+        (
+            "highwater `JsonDecoder<T>` (any serde type: its fast path), owned records",
+            Box::new(|l: &[u8]| JsonDecoder::<Owned>::new().decode(l).unwrap().checksum()),
         ),
         (
             "highwater `NexmarkDecoder` (fast path), owned `Event`s",

@@ -10,7 +10,7 @@ use crate::cdc::debezium::DebeziumDecoder;
 use crate::cdc::{Change, Op, Value};
 use crate::dead_letter::DeadLetter;
 use crate::nexmark::{write_event, Event, NexmarkDecoder};
-use crate::source::{Decode, JsonDecoder, JsonLines, PartitionReader, ReadStatus, Source};
+use crate::source::{Decode, DecodeError, JsonDecoder, JsonLines, PartitionReader, ReadStatus, Source};
 
 /// A record type for [`json_lines`]: what a user decodes with
 /// [`JsonDecoder`] (numbers, strings, options, lists, a tagged enum).
@@ -105,7 +105,9 @@ fn drain<R: PartitionReader<Record = Click>>(
 /// those of splitting the file at `\n` (a trailing `\r` dropped, empty
 /// lines skipped) and decoding each line alone, so that neither the blocks
 /// nor the resumption lose or repeat a line; that offsets stay at line
-/// starts; and that every decoded record round-trips through `serde_json`.
+/// starts; that each line decodes exactly as `serde_json` decodes it (the
+/// decoder's fast path); and that every decoded record round-trips through
+/// `serde_json`.
 ///
 /// The first byte chooses the number of blocks (1 to 4), the second how many
 /// records one read takes (1 to 8); the rest is the file. Rejected if any
@@ -129,7 +131,11 @@ pub fn json_lines(data: &[u8]) -> Outcome {
             line = head;
         }
         if !line.is_empty() {
-            let decoded = decoder.decode(line).map_err(|e| DeadLetter::new(origin.clone(), start as u64, e.0, line));
+            let decoded = decoder.decode(line);
+            // The decoder's fast path gives exactly serde_json's answer.
+            let reference = serde_json::from_slice::<Click>(line).map_err(|e| DecodeError(e.to_string()));
+            assert_eq!(decoded, reference, "the decoder disagrees with serde_json");
+            let decoded = decoded.map_err(|e| DeadLetter::new(origin.clone(), start as u64, e.0, line));
             if let Ok(click) = &decoded {
                 assert!(serde_json::from_slice::<serde_json::Value>(line).is_ok(), "decoded a line that is not JSON");
                 let again = serde_json::to_vec(click).expect("a click serializes");

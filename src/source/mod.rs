@@ -14,6 +14,7 @@
 //! Nexmark generator ([`crate::nexmark::Generator`]).
 
 mod decode;
+mod deserializer;
 mod file;
 pub(crate) mod intern;
 mod memory;

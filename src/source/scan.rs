@@ -129,6 +129,123 @@ impl<'a> Scanner<'a> {
         }
     }
 
+    /// The next byte after any whitespace, not consumed.
+    #[inline]
+    pub(crate) fn peek(&mut self) -> Option<u8> {
+        self.skip_whitespace();
+        self.bytes.get(self.pos).copied()
+    }
+
+    /// The word `word` (`true`, `false`, `null`).
+    #[inline]
+    pub(crate) fn literal(&mut self, word: &[u8]) -> Option<()> {
+        self.skip_whitespace();
+        if self.bytes[self.pos..].starts_with(word) {
+            self.pos += word.len();
+            Some(())
+        } else {
+            None
+        }
+    }
+
+    /// A number of at most 18 significant digits and an exponent (after the
+    /// fraction's digits) of at most 22 either way, computed as `serde_json`
+    /// (without `float_roundtrip`) computes it: the digits as an integer,
+    /// times or divided by a power of ten that is exact in `f64`, so the
+    /// result is the same to the bit. Other numbers: `None`.
+    #[inline]
+    pub(crate) fn number(&mut self) -> Option<Number> {
+        self.skip_whitespace();
+        let b = self.bytes;
+        let mut i = self.pos;
+        let negative = b.get(i) == Some(&b'-');
+        i += usize::from(negative);
+        let int_start = i;
+        let mut digits = 0u64;
+        let mut count = 0;
+        while let Some(d) = b.get(i).map(|c| c.wrapping_sub(b'0')).filter(|d| *d <= 9) {
+            digits = digits * 10 + u64::from(d);
+            count += 1;
+            i += 1;
+            if count > 18 {
+                return None;
+            }
+        }
+        let int_digits = i - int_start;
+        if int_digits == 0 || (int_digits > 1 && b[int_start] == b'0') {
+            return None;
+        }
+        let mut exponent: i32 = 0;
+        let mut float = false;
+        if b.get(i) == Some(&b'.') {
+            float = true;
+            i += 1;
+            let frac_start = i;
+            while let Some(d) = b.get(i).map(|c| c.wrapping_sub(b'0')).filter(|d| *d <= 9) {
+                digits = digits * 10 + u64::from(d);
+                count += 1;
+                i += 1;
+                if count > 18 {
+                    return None;
+                }
+            }
+            if i == frac_start {
+                return None;
+            }
+            exponent -= (i - frac_start) as i32;
+        }
+        if matches!(b.get(i), Some(b'e' | b'E')) {
+            float = true;
+            i += 1;
+            let minus = match b.get(i) {
+                Some(b'-') => {
+                    i += 1;
+                    true
+                }
+                Some(b'+') => {
+                    i += 1;
+                    false
+                }
+                _ => false,
+            };
+            let exp_start = i;
+            let mut value: i32 = 0;
+            while let Some(d) = b.get(i).map(|c| c.wrapping_sub(b'0')).filter(|d| *d <= 9) {
+                value = value * 10 + i32::from(d);
+                i += 1;
+                if i - exp_start > 3 {
+                    return None;
+                }
+            }
+            if i == exp_start {
+                return None;
+            }
+            exponent += if minus { -value } else { value };
+        }
+        let number = if float || (negative && digits == 0) {
+            if exponent.abs() > 22 {
+                return None;
+            }
+            let power = POW10[exponent.unsigned_abs() as usize];
+            let f = if exponent >= 0 { digits as f64 * power } else { digits as f64 / power };
+            Number::F64(if negative { -f } else { f })
+        } else if negative {
+            Number::I64(-(digits as i64))
+        } else {
+            Number::U64(digits)
+        };
+        self.pos = i;
+        Some(number)
+    }
+
+    /// A string as [`string`](Self::string), then its `:`: an object's key.
+    #[inline]
+    pub(crate) fn key_text(&mut self) -> Option<&'a str> {
+        let key = self.string()?;
+        self.punct(b':')?;
+        Some(key)
+    }
+
     /// A non-negative integer of at most 18 digits (so any `i64` or `u64`
     /// field takes it), without a leading zero, fraction or exponent.
     #[inline]
@@ -157,6 +274,23 @@ impl<'a> Scanner<'a> {
         Some(value)
     }
 }
+
+/// A JSON number as `serde_json` reads it (which `visit_*` it calls).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Number {
+    /// A non-negative integer.
+    U64(u64),
+    /// A negative integer.
+    I64(i64),
+    /// A number with a fraction or an exponent, or `-0`.
+    F64(f64),
+}
+
+/// The powers of ten that are exact in `f64` (`serde_json`'s table starts so).
+const POW10: [f64; 23] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20,
+    1e21, 1e22,
+];
 
 /// The first set bit at or after `from`.
 #[inline]

@@ -11,8 +11,8 @@ use crate::hold::Hold;
 use crate::key::{route, Data, Key};
 use crate::late::{Counter, LateOutput};
 use crate::state::{
-    ActiveOutput, AnyKeyedState, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot, StateTtl, StateValue,
-    Stateful, Timers,
+    ActiveOutput, AnyKeyedState, Appendable, KeyedState, OperatorState, RestoredEntries, Schema, Snapshot, StateError,
+    StateTtl, StateValue, Stateful, Timers,
 };
 use crate::stream::{EventStream, Update};
 use crate::time::{arrival_time, watermark_of, AllowedLateness, Diff, Timestamp, END_OF_TIME};
@@ -109,16 +109,26 @@ struct IntervalState<K, L, R> {
     rights: KeyedState<K, Held<(R, Timestamp, Diff)>>,
 }
 
-impl<K, L, R> Default for IntervalState<K, L, R> {
+impl<K, L: StateValue, R: StateValue> Default for IntervalState<K, L, R> {
     fn default() -> Self {
-        IntervalState { lefts: KeyedState::default(), rights: KeyedState::default() }
+        IntervalState { lefts: KeyedState::appending(), rights: KeyedState::appending() }
     }
 }
 
 impl<K: Key, L: Data, R: Data> OperatorState for IntervalState<K, L, R> {
-    const SCHEMA: Schema = Schema::new("join.interval", 1);
+    /// Version 2: the entries are version 1's, but the held lists are list
+    /// states (on RocksDB, frames that appends add to), so database files
+    /// of version 1 do not read as version 2's; entries migrate as they are.
+    const SCHEMA: Schema = Schema::new("join.interval", 2);
+    const MIGRATES_FROM: &'static [u32] = &[1];
     type Entry = Sided<K, Held<Left<L>>, Held<(R, Timestamp, Diff)>>;
     type Prepared = ();
+
+    fn migrate(version: u32, bytes: &[u8]) -> Result<Self::Entry, StateError> {
+        debug_assert_eq!(version, 1);
+        crate::checkpoint::decode(bytes)
+            .map_err(|e| StateError::Decode { schema: Schema::new("join.interval", 1), reason: e.to_string() })
+    }
 
     fn keyed_states(&mut self, each: &mut dyn FnMut(&mut dyn AnyKeyedState)) {
         each(&mut self.lefts);
@@ -148,6 +158,16 @@ struct Held<T> {
 impl<T> Default for Held<T> {
     fn default() -> Self {
         Held { items: VecDeque::new(), scheduled: Timestamp::MAX }
+    }
+}
+
+/// A side's held records are a list state: an insertion that schedules
+/// nothing is an append, which a store on disk writes without reading the
+/// key's list.
+impl<T: StateValue> Appendable for Held<T> {
+    type Item = T;
+    fn append(&mut self, item: T) {
+        self.items.push_back(item);
     }
 }
 
@@ -192,6 +212,11 @@ fn hold<K: Key, T: StateValue>(
     diff_of: impl Fn(&mut T) -> &mut Diff,
 ) -> Holding {
     let mut item = item;
+    if *diff_of(&mut item) > 0 && release_at == END_OF_TIME {
+        // Nothing to cancel and nothing to schedule: an append.
+        side.append(k, item);
+        return Holding::Appended;
+    }
     let held = side.get_or_insert_with(k.clone(), Held::default);
     if *diff_of(&mut item) < 0 {
         let time = time_of(&item);
@@ -538,6 +563,17 @@ where
         });
     }
 
+    /// Whether holding the records of `batch` reads nothing of their own
+    /// side: the join is unbounded (nothing is released or expires, so
+    /// nothing is scheduled) and every record is an insertion ([`hold`]
+    /// appends them).
+    fn appends_only<D>(&self, batch: &[Update<D>]) -> bool {
+        self.ttl.is_none()
+            && self.interval.lead == END_OF_TIME
+            && self.lateness.release_at(0) == END_OF_TIME
+            && batch.iter().all(|(_, _, diff)| *diff > 0)
+    }
+
     /// When a right record at `t` is released: once no left record it can
     /// match can still arrive.
     fn right_release(&self, t: Timestamp) -> Timestamp {
@@ -566,7 +602,9 @@ where
         for batch in data {
             if lefts.prefetches() {
                 let keys: Vec<K> = batch.iter().map(|(record, _, _)| (self.key_left)(record)).collect();
-                lefts.prefetch(&keys);
+                if !(lefts.appends_blindly() && self.appends_only(batch)) {
+                    lefts.prefetch(&keys);
+                }
                 rights.prefetch(&keys);
             }
             for (record, time, diff) in batch.drain(..) {
@@ -634,7 +672,9 @@ where
             if rights.prefetches() {
                 let keys: Vec<K> = batch.iter().map(|(record, _, _)| (self.key_right)(record)).collect();
                 lefts.prefetch(&keys);
-                rights.prefetch(&keys);
+                if !(rights.appends_blindly() && self.appends_only(batch)) {
+                    rights.prefetch(&keys);
+                }
             }
             for (record, time, diff) in batch.drain(..) {
                 if self.lateness.release_at(time.saturating_add(1)) <= arrived {

@@ -1,7 +1,7 @@
 //! Keyed state as operators hold it: one type over whichever backend the job
 //! chose.
 
-use super::backend::{Encoded, InMemory, KeyedStateBackend, StateValue};
+use super::backend::{Appendable, Appender, Encoded, InMemory, KeyedStateBackend, StateValue};
 use crate::key::Key;
 use crate::time::Timestamp;
 
@@ -177,10 +177,10 @@ impl Opener {
         self.error.as_deref()
     }
 
-    fn open<K: Key, V: StateValue>(&mut self) -> Store<K, V> {
+    fn open<K: Key, V: StateValue>(&mut self, appender: Option<Appender<V>>) -> Store<K, V> {
         match &self.backend {
             Backend::Memory => Store::Memory(InMemory::default()),
-            Backend::Encoded => Store::Other(Box::new(Encoded::<K, V>::default())),
+            Backend::Encoded => Store::Other(Box::new(Encoded::<K, V>::default().with_appender(appender))),
             #[cfg(feature = "rocksdb")]
             Backend::RocksDb(config) => {
                 if self.error.is_some() {
@@ -198,7 +198,7 @@ impl Opener {
                 let db = std::sync::Arc::clone(self.db.as_ref().expect("opened above"));
                 let tag = self.next_tag;
                 self.next_tag += 1;
-                Store::Other(Box::new(super::RocksDbState::<K, V>::new(db, tag)))
+                Store::Other(Box::new(super::RocksDbState::<K, V>::new(db, tag).with_appender(appender)))
             }
         }
     }
@@ -228,6 +228,9 @@ impl Opener {
 /// ```
 pub struct KeyedState<K, V> {
     store: Store<K, V>,
+    /// Of a list state ([`appending`](KeyedState::appending)): how its
+    /// backend appends blindly.
+    appender: Option<Appender<V>>,
 }
 
 enum Store<K, V> {
@@ -237,7 +240,7 @@ enum Store<K, V> {
 
 impl<K, V> Default for KeyedState<K, V> {
     fn default() -> Self {
-        KeyedState { store: Store::Memory(InMemory::default()) }
+        KeyedState { store: Store::Memory(InMemory::default()), appender: None }
     }
 }
 
@@ -332,11 +335,45 @@ macro_rules! dispatch {
     };
 }
 
+impl<K, V: Appendable> KeyedState<K, V> {
+    /// A list state: a keyed state whose values items are appended to
+    /// ([`Appendable`]), on a backend that keeps values as bytes without
+    /// reading them ([`append`](Self::append)).
+    pub fn appending() -> Self {
+        KeyedState { store: Store::Memory(InMemory::default()), appender: Some(Appender::of()) }
+    }
+}
+
+impl<K: Key, V: Appendable> KeyedState<K, V> {
+    /// Appends `item` to the value of `key` (the default value if there is
+    /// none). In memory, or on a state not made [`appending`](Self::appending),
+    /// the value is read and changed in place; on a store that keeps values as
+    /// bytes the encoded item is written on its own (on RocksDB, a merge
+    /// operand), and the value is put together when it is next read.
+    #[inline]
+    pub fn append(&mut self, key: K, item: V::Item) {
+        match &mut self.store {
+            Store::Memory(m) => m.0.entry(key).or_default().append(item),
+            Store::Other(b) => {
+                if b.appends_blindly() {
+                    if let Ok(bytes) = crate::checkpoint::encode(&item) {
+                        b.append_encoded(&key, &bytes);
+                        return;
+                    }
+                }
+                // Not blind, or the item does not encode (the value then
+                // fails to encode at the flush, which reports it).
+                b.get_or_insert_with(key, &mut V::default).append(item);
+            }
+        }
+    }
+}
+
 impl<K: Key, V: StateValue> KeyedState<K, V> {
     /// Puts the state on the backend of `opener` (before anything is
     /// stored: what the state held is dropped).
     pub fn open(&mut self, opener: &mut Opener) {
-        self.store = opener.open();
+        self.store = opener.open(self.appender);
     }
 
     /// Puts the state on a backend of the caller's (e.g. one a test wraps
@@ -406,6 +443,17 @@ impl<K: Key, V: StateValue> KeyedState<K, V> {
     /// Room for `n` more keys (a hint).
     pub fn reserve(&mut self, n: usize) {
         dispatch!(&mut self.store, s => s.reserve(n))
+    }
+
+    /// Whether [`append`](Self::append) writes without reading the value
+    /// (a list state on a backend that keeps values as bytes): an operator
+    /// then need not [`prefetch`](Self::prefetch) the keys it only appends to.
+    #[inline]
+    pub fn appends_blindly(&self) -> bool {
+        match &self.store {
+            Store::Memory(_) => false,
+            Store::Other(b) => b.appends_blindly(),
+        }
     }
 
     /// Whether [`prefetch`](Self::prefetch) does anything (the backend keeps

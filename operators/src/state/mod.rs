@@ -51,7 +51,9 @@ mod timers;
 mod ttl;
 
 pub use crate::checkpoint::{BackendFiles, Schema, StateError};
-pub use backend::{sampled_bytes, sampled_size, Encoded, InMemory, KeyedStateBackend, StateValue, SAMPLE};
+pub use backend::{
+    sampled_bytes, sampled_size, Appendable, Appender, Encoded, InMemory, KeyedStateBackend, StateValue, SAMPLE,
+};
 pub use keyed::{AnyKeyedState, Backend, Detached, KeyedState, Opener, UnknownBackend, BACKEND_ENV};
 pub use process::{KeyedContext, KeyedProcess, TtlProcessed};
 #[cfg(feature = "rocksdb")]

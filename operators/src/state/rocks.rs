@@ -13,7 +13,11 @@
 //!
 //! A key is stored as `[tag][routing hash, 8 bytes big-endian][postcard
 //! key]`: one state is a prefix, and a range of routing hashes (a worker's
-//! share after a rescale) a key range. Values are postcard. Reads go
+//! share after a rescale) a key range. Values are postcard; a list state's
+//! ([`Appendable`](super::Appendable)) are frames, and an append to a key
+//! the activation did not read is a merge operand of one frame, which the
+//! database's merge operator concatenates (so it is written without
+//! reading the list, and put together when read or compacted). Reads go
 //! through a cache of the activation: a value read is decoded once, a
 //! value changed is encoded once, and what an activation changed is
 //! written as one `WriteBatch` at its end ([`KeyedStateBackend::flush`]);

@@ -487,13 +487,21 @@ fn a_hanging_service_holds_the_source_and_memory_stays_flat() {
     child.wait().unwrap();
     let (read_two, _) = at_two.expect("a progress line by 2 s");
     let (read_end, in_flight) = at_end.expect("progress lines");
-    // Each worker holds its capacity of calls, and the source stopped: a
-    // generator that makes millions of events a second read no more after
-    // the first 2 s than the channels' flow control lets be in flight.
+    // A worker holds at most its capacity of calls, and the source stopped:
+    // a generator that makes millions of events a second read no more after
+    // the first 2 s than the channels' flow control lets be in flight. The
+    // budget of records in flight is the process's (both workers'): a
+    // worker whose operator filled its capacity first can hold all of it,
+    // so the other may have read no record to call with (seen in CI under
+    // load: 16 calls in flight, not 32). At least one worker is full.
     let text = std::fs::read_to_string(&log).unwrap();
     let tail: Vec<&str> = text.lines().rev().take(5).collect();
-    assert_eq!(in_flight, 2 * HANG_CAPACITY as u64, "the calls in flight are the capacity: {tail:?}");
-    assert_eq!(service.requests(), 2 * HANG_CAPACITY as u32, "the service saw only those calls");
+    let capacity = HANG_CAPACITY as u64;
+    assert!(
+        (capacity..=2 * capacity).contains(&in_flight),
+        "the calls in flight are one or both workers' capacity: {tail:?}"
+    );
+    assert_eq!(u64::from(service.requests()), in_flight, "the service saw only those calls");
     assert!(read_end < 2_000_000, "the source is throttled: {read_end} events read");
     assert!(read_end - read_two < 1_000, "the source stopped: {read_two} read at 2 s, {read_end} at 8 s");
     // Memory: flat after the start, and small.

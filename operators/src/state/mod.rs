@@ -40,6 +40,7 @@
 //! [`OperatorState::Entry`]: no operator reads a byte layout by hand.
 
 mod backend;
+pub mod keycode;
 mod keyed;
 pub(crate) mod multiset;
 pub(crate) mod pending;

@@ -11,9 +11,17 @@
 //! bounds what reads hold in memory) between its databases; each database
 //! has a bounded write buffer.
 //!
-//! A key is stored as `[tag][routing hash, 8 bytes big-endian][postcard
-//! key]`: one state is a prefix, and a range of routing hashes (a worker's
-//! share after a rescale) a key range. Values are postcard; a list state's
+//! A key is stored as `[tag][key in the order-preserving encoding of
+//! `keycode`][routing hash, 8 bytes big-endian]`: one state is a prefix,
+//! and keys close in value are close on disk, so that what a stream writes
+//! at about the same time (consecutive ids, recent times) lands in a narrow
+//! key range and compactions of the older ranges move files rather than
+//! rewrite them; a range of keys, and the keys with a string prefix, are a
+//! range scan. The routing hash lets a restore onto another worker count
+//! skip the keys of other workers before decoding them. (Checkpoints taken
+//! before this layout, `[tag][routing hash][postcard key]`, have no layout
+//! marker under the reserved tag 255 and are read in their own layout.)
+//! Values are postcard; a list state's
 //! ([`Appendable`](super::Appendable)) are frames, and an append to a key
 //! the activation did not read is a merge operand of one frame, which the
 //! database's merge operator concatenates (so it is written without
@@ -225,8 +233,9 @@ impl RocksDbConfig {
         options.set_merge_operator_associative(APPEND, concatenate);
         let db = DB::open_cf_descriptors(&options, &dir, [default_family(&options)])
             .map_err(|e| format!("cannot open RocksDB in {}: {e}", dir.display()))?;
+        db.put(LAYOUT_KEY, ORDERED_LAYOUT).map_err(|e| format!("cannot write to RocksDB in {}: {e}", dir.display()))?;
         tracing::debug!(dir = %dir.display(), "opened a RocksDB state store");
-        Ok(Arc::new(OperatorDb { db: Some(db), dir, remove: true, routes: None }))
+        Ok(Arc::new(OperatorDb { layout: KeyLayout::Ordered, db: Some(db), dir, remove: true, routes: None }))
     }
 
     /// Opens the database in `dir` (a checkpoint's files) read-only, through
@@ -245,8 +254,20 @@ impl RocksDbConfig {
         options.set_merge_operator_associative(APPEND, concatenate);
         let db = DB::open_cf_descriptors_read_only(&options, dir, [default_family(&options)], false)
             .map_err(|e| format!("cannot open the RocksDB checkpoint in {}: {e}", dir.display()))?;
+        let layout = match db.get(LAYOUT_KEY) {
+            Ok(None) => KeyLayout::RouteFirst,
+            Ok(Some(marker)) if marker == ORDERED_LAYOUT => KeyLayout::Ordered,
+            Ok(Some(marker)) => {
+                return Err(format!(
+                    "the RocksDB checkpoint in {} has keys laid out as {:?}, which this highwater does not know",
+                    dir.display(),
+                    String::from_utf8_lossy(&marker)
+                ))
+            }
+            Err(e) => return Err(format!("cannot read the RocksDB checkpoint in {}: {e}", dir.display())),
+        };
         let routes = routes.map(|(worker, workers)| (worker as u64, workers.max(1) as u64));
-        Ok(Arc::new(OperatorDb { db: Some(db), dir: dir.to_owned(), remove: false, routes }))
+        Ok(Arc::new(OperatorDb { layout, db: Some(db), dir: dir.to_owned(), remove: false, routes }))
     }
 }
 
@@ -303,8 +324,25 @@ fn sweep(dir: &Path) {
     }
 }
 
+/// The key of the marker that names a database's key layout: under tag
+/// 255, which no state has.
+const LAYOUT_KEY: &[u8] = &[u8::MAX];
+/// The marker's value for [`KeyLayout::Ordered`].
+const ORDERED_LAYOUT: &[u8] = b"keycode+route";
+
+/// How a database's keys are laid out (see the module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyLayout {
+    /// `[tag][keycode key][route]`, marked by [`LAYOUT_KEY`].
+    Ordered,
+    /// `[tag][route][postcard key]`: databases without a marker (checkpoints
+    /// of highwater before the ordered layout), read only.
+    RouteFirst,
+}
+
 /// One operator's database on one worker; removed from disk when dropped.
 pub(crate) struct OperatorDb {
+    layout: KeyLayout,
     db: Option<DB>,
     dir: PathBuf,
     /// Whether the directory is removed with the database (working
@@ -326,10 +364,50 @@ impl OperatorDb {
         &self.dir
     }
 
+    /// The stored key of `key` in the state tagged `tag`.
+    fn key_bytes<K: Key>(&self, tag: u8, key: &K) -> Result<Vec<u8>, String> {
+        let mut bytes = Vec::with_capacity(24);
+        bytes.push(tag);
+        match self.layout {
+            KeyLayout::Ordered => {
+                super::keycode::encode_into(key, &mut bytes).map_err(|e| e.to_string())?;
+                bytes.extend_from_slice(&route(key).to_be_bytes());
+                Ok(bytes)
+            }
+            KeyLayout::RouteFirst => {
+                bytes.extend_from_slice(&route(key).to_be_bytes());
+                postcard::to_extend(key, bytes).map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// The routing hash in a stored key.
+    fn route_in(&self, kb: &[u8]) -> Option<u64> {
+        let bytes = match self.layout {
+            KeyLayout::Ordered => kb.get(kb.len().checked_sub(8)?..)?,
+            KeyLayout::RouteFirst => kb.get(1..9)?,
+        };
+        bytes.try_into().ok().map(u64::from_be_bytes)
+    }
+
+    /// The key in a stored key.
+    fn decode_key<K: Key>(&self, kb: &[u8]) -> Result<K, String> {
+        match self.layout {
+            KeyLayout::Ordered => {
+                let inner = kb.get(1..kb.len().saturating_sub(8).max(1)).unwrap_or_default();
+                super::keycode::decode(inner).map_err(|e| e.to_string())
+            }
+            KeyLayout::RouteFirst => {
+                crate::checkpoint::decode::<K>(kb.get(9..).unwrap_or_default()).map_err(|e| e.to_string())
+            }
+        }
+    }
+
     /// The number of keys in the database (of all its keyed states).
     pub(crate) fn count_keys(&self) -> usize {
         let mut read = ReadOptions::default();
         read.set_total_order_seek(true);
+        read.set_iterate_upper_bound(LAYOUT_KEY.to_vec());
         self.db().iterator_opt(rocksdb::IteratorMode::Start, read).take_while(Result::is_ok).count()
     }
 
@@ -491,10 +569,7 @@ impl<K: Key, V: StateValue> RocksDbState<K, V> {
     }
 
     fn key_bytes(&self, key: &K) -> Option<Vec<u8>> {
-        let mut bytes = Vec::with_capacity(24);
-        bytes.push(self.tag);
-        bytes.extend_from_slice(&route(key).to_be_bytes());
-        match postcard::to_extend(key, bytes) {
+        match self.db.key_bytes(self.tag, key) {
             Ok(bytes) => Some(bytes),
             Err(e) => {
                 self.fail(format!("a key of the state does not encode: {e} ({key:?})"));
@@ -560,13 +635,12 @@ impl<K: Key, V: StateValue> RocksDbState<K, V> {
         while it.valid() {
             let (Some(kb), Some(vb)) = (it.key(), it.value()) else { break };
             if let Some((worker, workers)) = self.db.routes {
-                let route = kb.get(1..9).and_then(|r| r.try_into().ok()).map(u64::from_be_bytes);
-                if route.is_some_and(|r| r % workers != worker) {
+                if self.db.route_in(kb).is_some_and(|r| r % workers != worker) {
                     it.next();
                     continue;
                 }
             }
-            match crate::checkpoint::decode::<K>(kb.get(9..).unwrap_or_default()) {
+            match self.db.decode_key::<K>(kb) {
                 Ok(key) if self.cache.contains_key(&key) => {}
                 Ok(key) => match self.decode_value(vb) {
                     Ok(v) => each(kb, vb, key, v),
@@ -792,7 +866,7 @@ impl<K: Key, V: StateValue> KeyedStateBackend<K, V> for RocksDbState<K, V> {
                     if applied.contains(kb) {
                         continue;
                     }
-                    let key = crate::checkpoint::decode::<K>(kb.get(9..).unwrap_or_default());
+                    let key = self.db.decode_key::<K>(kb);
                     match (key, appender.decode(frames)) {
                         (Ok(k), Ok(v)) => each(&k, &v),
                         (Err(e), _) => self.fail(format!("a pending key does not decode: {e}")),
@@ -851,10 +925,7 @@ impl<K: Key, V: StateValue> KeyedStateBackend<K, V> for RocksDbState<K, V> {
             if !slot.dirty {
                 continue;
             }
-            let mut kb = Vec::with_capacity(24);
-            kb.push(self.tag);
-            kb.extend_from_slice(&route(&k).to_be_bytes());
-            let Ok(kb) = postcard::to_extend(&k, kb) else {
+            let Ok(kb) = self.db.key_bytes(self.tag, &k) else {
                 first_error.get_or_insert_with(|| format!("a key of the state does not encode ({k:?})"));
                 kept.insert(k, slot);
                 continue;
@@ -1001,9 +1072,11 @@ mod tests {
         assert!(total > 1_000_000, "the state is large: {total} bytes");
         assert!(new * 10 < all, "a 1% change added {new} of {all} bytes");
         assert_eq!(first.identity, second.identity);
-        // The second checkpoint's files are a database holding the state.
+        // The second checkpoint's files are a database holding the state
+        // (and the marker of its key layout).
         let reopened = DB::open_for_read_only(&Options::default(), scratch.join("2"), false).expect("reopens");
-        assert_eq!(reopened.iterator(rocksdb::IteratorMode::Start).count(), 101_000);
+        assert_eq!(reopened.iterator(rocksdb::IteratorMode::Start).count(), 101_001);
+        assert_eq!(reopened.get(LAYOUT_KEY).unwrap().as_deref(), Some(ORDERED_LAYOUT));
         drop(reopened);
         drop(state);
         drop(db);
@@ -1066,6 +1139,84 @@ mod tests {
         assert_eq!(state.get(&70).map(String::as_str), Some("v70"));
         assert_eq!(state.get(&120), None);
         state.flush().expect("no failure");
+    }
+
+    /// Checkpoints taken before the ordered key layout (no layout marker,
+    /// keys `[tag][route][postcard key]`) restore as they were, one worker's
+    /// keys at a time; a marker this version does not know is an error.
+    #[test]
+    fn checkpoints_of_the_route_first_layout_read_back() {
+        let config = temp_config("legacy");
+        let dir = config.dir().join("legacy-checkpoint");
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut options = Options::default();
+        options.create_if_missing(true);
+        let raw = DB::open(&options, &dir).expect("opens");
+        let model: std::collections::BTreeMap<u64, String> = (0..500u64).map(|k| (k * 7, format!("v{k}"))).collect();
+        for (k, v) in &model {
+            let mut kb = vec![0u8];
+            kb.extend_from_slice(&route(k).to_be_bytes());
+            let kb = postcard::to_extend(k, kb).unwrap();
+            raw.put(kb, postcard::to_allocvec(v).unwrap()).unwrap();
+        }
+        drop(raw);
+        for worker in 0..2 {
+            let db = config.open_read_only(&dir, Some((worker, 2))).expect("opens read-only");
+            assert_eq!(db.layout, KeyLayout::RouteFirst);
+            let state = RocksDbState::<u64, String>::new(db, 0);
+            let mut seen = std::collections::BTreeMap::new();
+            state.for_each(&mut |k, v| {
+                seen.insert(*k, v.clone());
+            });
+            let expected: std::collections::BTreeMap<u64, String> =
+                model.iter().filter(|(k, _)| route(*k) % 2 == worker as u64).map(|(k, v)| (*k, v.clone())).collect();
+            assert!(!expected.is_empty());
+            assert_eq!(seen, expected);
+        }
+        let raw = DB::open(&options, &dir).expect("opens");
+        raw.put(LAYOUT_KEY, b"from the future").unwrap();
+        drop(raw);
+        let err = config.open_read_only(&dir, None).err().expect("refused");
+        assert!(err.contains("from the future"), "{err}");
+        let _ = std::fs::remove_dir_all(config.dir());
+    }
+
+    /// Keys of the ordered layout: consecutive ids are stored next to each
+    /// other, and a restore of one worker of several passes exactly its keys.
+    #[test]
+    fn ordered_keys_are_adjacent_and_split_by_route() {
+        let config = temp_config("ordered");
+        let db = config.open("ordered").expect("opens");
+        let mut state = RocksDbState::<(u32, u64), u8>::new(Arc::clone(&db), 3);
+        let keys: Vec<(u32, u64)> = (0..300u64).map(|i| ((i % 3) as u32, 1000 + i)).collect();
+        for k in &keys {
+            state.insert(*k, 1);
+        }
+        state.flush().unwrap();
+        let mut stored = Vec::new();
+        state.for_each_stored(|kb, _, k, _| stored.push((kb.to_vec(), k)));
+        let mut sorted = keys.clone();
+        sorted.sort();
+        assert_eq!(stored.iter().map(|(_, k)| *k).collect::<Vec<_>>(), sorted, "stored in key order");
+        assert!(stored.iter().all(|(kb, k)| kb[0] == 3 && db.route_in(kb) == Some(route(k))));
+        let scratch = db.dir.with_extension("checkpoint");
+        let _ = std::fs::remove_dir_all(&scratch);
+        state.checkpoint_database(&scratch).expect("checkpoint");
+        let mut union = Vec::new();
+        for worker in 0..3 {
+            let read = config.open_read_only(&scratch, Some((worker, 3))).expect("opens read-only");
+            assert_eq!(read.layout, KeyLayout::Ordered);
+            let restored = RocksDbState::<(u32, u64), u8>::new(read, 3);
+            restored.for_each(&mut |k, _| {
+                assert_eq!(route(k) % 3, worker as u64);
+                union.push(*k);
+            });
+        }
+        union.sort();
+        assert_eq!(union, sorted);
+        drop(state);
+        drop(db);
+        let _ = std::fs::remove_dir_all(&scratch);
     }
 
     #[test]

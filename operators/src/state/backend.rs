@@ -127,6 +127,23 @@ impl<V: Appendable> Appender<V> {
     }
 }
 
+/// A value as a byte backend stores it: postcard, or frames for a list
+/// state ([`Appender`]).
+pub(crate) fn encode_stored<V: StateValue>(appender: Option<&Appender<V>>, value: &V) -> Result<Vec<u8>, String> {
+    match appender {
+        None => crate::checkpoint::encode(value).map_err(|e| e.to_string()),
+        Some(a) => a.encode(value),
+    }
+}
+
+/// A stored value ([`encode_stored`]) decoded.
+pub(crate) fn decode_stored<V: StateValue>(appender: Option<&Appender<V>>, bytes: &[u8]) -> Result<V, String> {
+    match appender {
+        None => crate::checkpoint::decode::<V>(bytes).map_err(|e| e.to_string()),
+        Some(a) => a.decode(bytes),
+    }
+}
+
 impl<V: StateValue> Appender<V> {
     /// `value` encoded as the bytes a store appends item frames to: one
     /// frame `[0][length][postcard value]`.
@@ -405,17 +422,7 @@ impl<K: Key, V: StateValue> Encoded<K, V> {
     }
 
     fn decode_value(&self, bytes: &[u8]) -> Result<V, String> {
-        match &self.appender {
-            None => crate::checkpoint::decode::<V>(bytes).map_err(|e| e.to_string()),
-            Some(a) => a.decode(bytes),
-        }
-    }
-
-    fn encode_value(appender: Option<&Appender<V>>, value: &V) -> Result<Vec<u8>, String> {
-        match appender {
-            None => crate::checkpoint::encode(value).map_err(|e| e.to_string()),
-            Some(a) => a.encode(value),
-        }
+        decode_stored(self.appender.as_ref(), bytes)
     }
 
     fn fail(&self, reason: String) {
@@ -580,7 +587,7 @@ impl<K: Key, V: StateValue> KeyedStateBackend<K, V> for Encoded<K, V> {
                 None => {
                     self.store.remove(&kb);
                 }
-                Some(v) => match Self::encode_value(self.appender.as_ref(), v) {
+                Some(v) => match encode_stored(self.appender.as_ref(), v) {
                     Ok(vb) => {
                         self.store.insert(kb, vb);
                     }

@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use rocksdb::merge_operator::MergeOperands;
 use rocksdb::{BlockBasedOptions, Cache, DBCompressionType, Options, ReadOptions, WriteBatch, WriteOptions, DB};
 
-use super::backend::{Appender, KeyedStateBackend, StateValue};
+use super::backend::{decode_stored, encode_stored, Appender, KeyedStateBackend, StateValue};
 use crate::checkpoint::BackendFiles;
 use crate::key::{route, Key, StateMap};
 
@@ -277,14 +277,6 @@ impl RocksDbConfig {
 /// without naming its families has no handle for it.
 fn default_family(options: &Options) -> rocksdb::ColumnFamilyDescriptor {
     rocksdb::ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, options.clone())
-}
-
-/// A value as a state stores it: postcard, or frames for a list state.
-fn encode_value<V: StateValue>(appender: Option<&Appender<V>>, value: &V) -> Result<Vec<u8>, String> {
-    match appender {
-        None => crate::checkpoint::encode(value).map_err(|e| e.to_string()),
-        Some(a) => a.encode(value),
-    }
 }
 
 /// The name of the merge operator of list states.
@@ -528,14 +520,11 @@ impl<K: Key, V: StateValue> RocksDbState<K, V> {
     }
 
     fn decode_value(&self, bytes: &[u8]) -> Result<V, String> {
-        match &self.appender {
-            None => crate::checkpoint::decode::<V>(bytes).map_err(|e| e.to_string()),
-            Some(a) => a.decode(bytes),
-        }
+        decode_stored(self.appender.as_ref(), bytes)
     }
 
     fn encode_value(&self, value: &V) -> Result<Vec<u8>, String> {
-        encode_value(self.appender.as_ref(), value)
+        encode_stored(self.appender.as_ref(), value)
     }
 
     /// Writes the pending appends (before a read, which must see them).
@@ -932,7 +921,7 @@ impl<K: Key, V: StateValue> KeyedStateBackend<K, V> for RocksDbState<K, V> {
             };
             match &slot.value {
                 None => batch.delete(kb),
-                Some(v) => match encode_value(appender.as_ref(), v) {
+                Some(v) => match encode_stored(appender.as_ref(), v) {
                     Ok(vb) => batch.put(kb, vb),
                     Err(e) => {
                         first_error

@@ -46,7 +46,7 @@ fn a_file_truncated_while_read_is_an_error_not_its_end() {
     let mut reader = source.open(0, None).unwrap();
     let (mut records, mut dead) = (0u64, Vec::new());
     assert_eq!(reader.read(100, &mut |_| records += 1, &mut dead).unwrap(), ReadStatus::Data);
-    // A third of the file is left: the reader has buffered a chunk (1 MiB) of it.
+    // A third of the file is left: the reader has buffered a chunk (128 KiB) of it.
     std::fs::File::options().write(true).open(&path).unwrap().set_len(bytes.len() as u64 / 3).unwrap();
     let error = loop {
         match reader.read(4096, &mut |_| records += 1, &mut dead) {

@@ -354,7 +354,7 @@ const HIGHS: u64 = 0x8080_8080_8080_8080;
 /// CPU has it), the rest eight at a time.
 #[cfg(target_arch = "x86_64")]
 #[inline]
-fn first_special(bytes: &[u8]) -> Option<usize> {
+pub(crate) fn first_special(bytes: &[u8]) -> Option<usize> {
     use std::arch::x86_64::{
         _mm_cmpeq_epi8, _mm_cmplt_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8,
     };
@@ -386,7 +386,7 @@ fn first_special(bytes: &[u8]) -> Option<usize> {
 /// [`first_special`] on other CPUs.
 #[cfg(not(target_arch = "x86_64"))]
 #[inline]
-fn first_special(bytes: &[u8]) -> Option<usize> {
+pub(crate) fn first_special(bytes: &[u8]) -> Option<usize> {
     first_special_in_words(bytes)
 }
 

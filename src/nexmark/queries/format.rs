@@ -117,6 +117,9 @@ impl Row {
     }
     /// A bid's columns ([`BID_COLUMNS`]), as q0 gives them.
     pub(super) fn bid(self, b: &crate::nexmark::Bid) -> Self {
+        if self.muted {
+            return self;
+        }
         self.int(b.auction).int(b.bidder).int(b.price).str(&b.channel).str(&b.url).int(b.date_time).str(&b.extra)
     }
     pub(super) fn done(self) -> String {

@@ -109,8 +109,7 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
                     )
                 },
             );
-            let lines = joined.results.probe_with(&probe);
-            watch_watermark(&lines, &g);
+            let lines = watch_watermark(&joined.results.probe_with(&probe), &g);
             if let Ok(mut late) = g.late.lock() {
                 late.extend([counts.late.count, hottest.late.count, joined.late_left.count, joined.late_right.count]);
             }

@@ -345,18 +345,34 @@ pub(super) fn dead_letter_sink(dead: &EventStream<'_, DeadLetter>, path: Option<
     }
 }
 
-/// Records the frontier of `stream` (the output watermark) from worker 0.
+/// Records the frontier of `stream` (the output watermark) from worker 0,
+/// passing its updates on: an operator that only watched (a second reader of
+/// the stream) would get a copy of every batch.
 ///
 /// Every worker builds the operator (timely needs the same dataflow on every
 /// worker); only worker 0 stores, the frontier being the same everywhere.
-pub(super) fn watch_watermark(stream: &EventStream<'_, String>, gauges: &Gauges) {
+pub(super) fn watch_watermark<'scope>(
+    stream: &EventStream<'scope, String>,
+    gauges: &Gauges,
+) -> EventStream<'scope, String> {
     let gauge = (stream.scope().index() == 0).then(|| Arc::clone(&gauges.watermark));
-    stream.inner.clone().sink(Pipeline, "WatchWatermark", move |(input, frontier)| {
-        input.for_each_stamp(|_, _| {});
-        if let Some(gauge) = &gauge {
-            gauge.store(crate::operators::time::watermark_of(frontier), Ordering::Relaxed);
+    let inner = stream.inner.clone().unary_frontier(Pipeline, "WatchWatermark", move |_cap, _info| {
+        move |(input, frontier), output| {
+            input.for_each_stamp(|cap, data| {
+                for batch in data {
+                    output.session(&cap).give_container(batch);
+                }
+            });
+            if let Some(gauge) = &gauge {
+                gauge.store(crate::operators::time::watermark_of(frontier), Ordering::Relaxed);
+            }
         }
     });
+    if stream.is_append_only() {
+        EventStream::append_only(inner)
+    } else {
+        EventStream::new(inner)
+    }
 }
 
 /// q10's sink: rows into `dir/dt=yyyy-MM-dd/hm=HH/part-0.csv`, by the row's `dateTime`.
@@ -681,8 +697,7 @@ pub(super) fn run(args: NexmarkArgs) -> anyhow::Result<()> {
             for counter in &out.late {
                 totals.iter().for_each(|t| t.count("late", counter));
             }
-            let rows = out.rows.probe_with(&probe);
-            watch_watermark(&rows, &g);
+            let rows = watch_watermark(&out.rows.probe_with(&probe), &g);
             if let Some(reader) = served.as_ref() {
                 let names = out.header;
                 let keyed = rows.map(move |row| {

@@ -77,11 +77,13 @@ impl Row {
     fn new() -> Self {
         RowFormat { blackhole: false }.row()
     }
+    #[inline]
     fn sep(&mut self) {
         if !std::mem::replace(&mut self.empty, false) {
             self.line.push(',');
         }
     }
+    #[inline]
     pub(super) fn int(mut self, v: impl std::fmt::Display) -> Self {
         if self.muted {
             return self;
@@ -90,6 +92,7 @@ impl Row {
         let _ = write!(self.line, "{v}");
         self
     }
+    #[inline]
     pub(super) fn str(mut self, v: &str) -> Self {
         if self.muted {
             return self;
@@ -99,6 +102,7 @@ impl Row {
         self
     }
     /// A day since the epoch as `yyyy-MM-dd`.
+    #[inline]
     pub(super) fn day(self, day: u64) -> Self {
         if self.muted {
             return self;
@@ -106,22 +110,26 @@ impl Row {
         self.str(&utc_day(day * 86_400_000))
     }
     /// A price as exact euros (see [`euros`]).
+    #[inline]
     pub(super) fn euros(self, price: i64) -> Self {
         if self.muted {
             return self;
         }
         self.str(&euros(price))
     }
+    #[inline]
     pub(super) fn float(self, v: f64) -> Self {
         self.int(v)
     }
     /// A bid's columns ([`BID_COLUMNS`]), as q0 gives them.
+    #[inline]
     pub(super) fn bid(self, b: &crate::nexmark::Bid) -> Self {
         if self.muted {
             return self;
         }
         self.int(b.auction).int(b.bidder).int(b.price).str(&b.channel).str(&b.url).int(b.date_time).str(&b.extra)
     }
+    #[inline]
     pub(super) fn done(self) -> String {
         self.line
     }

@@ -139,7 +139,7 @@ rm -rf "$rocks_dir"
 # checks its own results; each connector feature builds on its own.
 log "a user's crate with default features off (tests/user-crate); each feature alone"
 user_tree=$(cargo tree --manifest-path tests/user-crate/Cargo.toml --locked -e normal,build --prefix none)
-forbidden='^(rocksdb|librocksdb-sys|rdkafka|rdkafka-sys|rumqttc|openssl|openssl-sys|native-tls|ring|aws-lc-sys|cc|cmake|bindgen|tokio|reqwest|object_store|postgres|clap|tracing-subscriber|mimalloc) '
+forbidden='^(rocksdb|librocksdb-sys|rdkafka|rdkafka-sys|rumqttc|openssl|openssl-sys|native-tls|ring|aws-lc-sys|cc|cmake|bindgen|tokio|reqwest|object_store|postgres|clap|tracing-subscriber|mimalloc|libmimalloc-sys) '
 if grep -E "$forbidden" <<<"$user_tree"; then
     echo "error: the crates above reach a user's build with default features off" >&2
     exit 1

@@ -9,11 +9,11 @@
 //!
 //! What it accepts: the fixed text between the values, integers of 1 to 18
 //! digits without a leading zero (the next fixed text starts with `,` or
-//! `}`, so no fraction or exponent follows), strings of printable ASCII
-//! without `"` or `\` (so no escape and nothing to check for UTF-8), and
-//! nothing after the last `}`. `serde_json` reads every such line as the
-//! same event (the property tests in [`super`] and the `nexmark_fast` fuzz
-//! target check it).
+//! `}`, so no fraction or exponent follows), strings of ASCII without a
+//! control character, `"` or `\` (so no escape and nothing to check for
+//! UTF-8), and nothing after the last `}`. `serde_json` reads every such
+//! line as the same event (the property tests in [`super`] and the
+//! `nexmark_fast` fuzz target check it).
 
 use super::{Auction, Bid, Event, Person};
 
@@ -151,7 +151,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// The rest of a string whose opening quote has been read, and its
-    /// closing quote: printable ASCII without `\`.
+    /// closing quote: ASCII without control characters or `\`.
     #[inline(always)]
     fn string(&mut self) -> Option<&'a str> {
         let rest = &self.bytes[self.pos..];
@@ -161,7 +161,8 @@ impl<'a> Cursor<'a> {
         }
         self.pos += len + 1;
         // SAFETY: `first_special` stops at the first byte that is not
-        // printable ASCII or is `"` or `\`, so the bytes before it are ASCII.
+        // ASCII, is a control character, `"` or `\`, so the bytes before
+        // it are ASCII.
         Some(unsafe { std::str::from_utf8_unchecked(&rest[..len]) })
     }
 }

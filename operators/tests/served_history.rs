@@ -156,3 +156,69 @@ fn incomplete_times_and_empty_ranges() {
     assert_eq!(values.range(2..=2, 10), vec![(2, 8)]);
     assert_eq!(values.snapshot(), vec![(1, 7), (2, 8)]);
 }
+
+/// Reads from another thread while the table is written: every time sets
+/// every key to that time, so a read as of any time finds that one value in
+/// every key (point reads and whole scans, across the shards' parts and
+/// workers), while the operators insert and fold the history away under
+/// the reads. A read at the table's watermark is never refused.
+#[test]
+fn reads_while_the_table_is_written_see_one_time_in_every_key() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use timely::dataflow::operators::Probe as _;
+    const KEYS: u32 = 2_000;
+    const TIMES: u64 = 1_000;
+    type Input = InputHandle<u64, CapacityContainerBuilder<Vec<Update<(u32, Option<u64>)>>>>;
+    let reader: TableReader<u32, u64> = TableReader::new();
+    let writing = Arc::new(AtomicBool::new(true));
+    let (r, w) = (reader.clone(), Arc::clone(&writing));
+    let checker = std::thread::spawn(move || {
+        let (mut gets, mut scans, mut key) = (0u64, 0u64, 0u32);
+        while w.load(Ordering::Acquire) || scans == 0 {
+            let hold = r.hold_current();
+            let Some(as_of) = hold.as_of() else { continue };
+            let read = r.read(&hold).unwrap_or_else(|e| panic!("a read at the watermark {as_of} refused: {e}"));
+            let expected = (as_of > 0).then_some(as_of.min(TIMES));
+            key = (key * 7 + 13) % KEYS;
+            assert_eq!(read.get(&key), expected, "key {key} as of {as_of}");
+            gets += 1;
+            if gets % 64 == 0 && expected.is_some() {
+                let rows = read.range(.., usize::MAX);
+                assert_eq!(rows.len(), KEYS as usize, "keys as of {as_of}");
+                assert!(rows.iter().enumerate().all(|(i, (k, v))| *k == i as u32 && Some(*v) == expected));
+                scans += 1;
+            }
+        }
+        (gets, scans)
+    });
+    let r = reader.clone();
+    let guards = timely::execute(timely::Config::process(2), move |worker| {
+        let mut handle: Input = InputHandle::new();
+        let probe = timely::dataflow::ProbeHandle::new();
+        worker.dataflow::<u64, _, _>(|scope| {
+            let table = EventStream::new(scope.input_from(&mut handle)).upsert().table;
+            table.serve(&r);
+            table.changelog().inner.probe_with(&probe);
+        });
+        let index = worker.index() as u32;
+        for time in 1..=TIMES {
+            handle.advance_to(time);
+            for k in (index..KEYS).step_by(2) {
+                handle.send(((k, Some(time)), time, 1));
+            }
+            handle.advance_to(time + 1);
+            while probe.less_than(&time) {
+                worker.step();
+            }
+        }
+    })
+    .expect("timely starts");
+    for result in guards.join() {
+        result.expect("a worker failed");
+    }
+    writing.store(false, Ordering::Release);
+    let (gets, scans) = checker.join().expect("the reads agree");
+    assert!(gets > 0 && scans > 0, "{gets} gets, {scans} scans");
+    assert_eq!(reader.snapshot().len(), KEYS as usize);
+    assert!(reader.snapshot().iter().all(|(_, v)| *v == TIMES));
+}

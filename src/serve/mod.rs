@@ -19,6 +19,7 @@
 //! ask each (or put one process in front).
 
 mod server;
+mod slice;
 mod views;
 
 pub use server::{serve_views, ServeError, ServeOptions, ViewServer};

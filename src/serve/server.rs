@@ -172,6 +172,9 @@ pub fn serve_views(addr: SocketAddr, views: Views, options: ServeOptions) -> Res
     let thread = std::thread::Builder::new()
         .name("highwater-serve".into())
         .spawn(move || {
+            if !super::slice::request_slice(super::slice::SERVER_SLICE_NS) {
+                tracing::debug!("the scheduler keeps its default slice for the view server");
+            }
             runtime.block_on(async move {
                 let listener = match tokio::net::TcpListener::from_std(listener) {
                     Ok(listener) => listener,

@@ -8,9 +8,10 @@
 
 use std::collections::BTreeMap;
 use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use parking_lot::{RwLock, RwLockWriteGuard};
+use parking_lot::RwLock;
 
 use smallvec::SmallVec;
 
@@ -37,13 +38,13 @@ impl<K: Key, V: Data + Ord> Table<'_, K, V> {
         K: Sync,
         V: Sync,
     {
-        let shard = Arc::new(RwLock::new(Shard::default()));
+        let shard = Arc::new(Shard::default());
         let scope = self.changelog.scope();
         let index = scope.index();
         if let Ok(mut shards) = reader.shards.lock() {
             shards.insert(index, Arc::clone(&shard));
         }
-        reader.timeline.post(reader.view, index, 0);
+        reader.timeline.post(reader.view, index, 0, |_| ());
         let reader = reader.clone();
         let stateful = Stateful::<Served<K, V>>::new("ServeTable", &scope);
         // The changelog is already on the workers that own its keys.
@@ -53,30 +54,23 @@ impl<K: Key, V: Data + Ord> Table<'_, K, V> {
         builder.build(move |_caps, mut managed| {
             *managed.get() = Served(Arc::clone(&shard));
             managed.restore(|served, time, entries| {
-                served.0.write().restore(time, entries);
+                served.0.restore(time, entries);
             });
             move |frontiers| {
-                // While a snapshot is serialized in the background under a read
-                // lock of the shard (queries read it meanwhile), the operator waits.
+                // While a snapshot is serialized in the background under read
+                // locks of the shard's parts (queries read it meanwhile), the
+                // operator waits.
                 if !managed.home() {
                     return;
                 }
-                let mut guard = shard.write();
-                let mut applied = 0usize;
+                // Each change locks its key's part alone, for one insertion:
+                // a read waits for at most that, and only if it wants the
+                // same part. Readers see changes of the times not complete
+                // yet, which a read as of a complete time leaves out.
                 input.for_each_stamp(|_cap, data| {
                     for batch in data {
                         for ((k, v), time, diff) in batch.drain(..) {
-                            guard.insert(k, v, time, diff);
-                            applied += 1;
-                            // Readers waiting get their turn every so
-                            // often (the lock is handed over fairly): a
-                            // large activation does not hold reads back
-                            // for its whole length. They see changes of
-                            // the times not complete yet, which a read
-                            // as of a complete time leaves out.
-                            if applied % WRITE_CHUNK == 0 {
-                                RwLockWriteGuard::bump(&mut guard);
-                            }
+                            shard.part(&k).write().insert(k, v, time, diff);
                         }
                     }
                 });
@@ -84,35 +78,41 @@ impl<K: Key, V: Data + Ord> Table<'_, K, V> {
                 // up to it. The history before the timeline's least
                 // watermark and its readers' holds, less the retention, is
                 // folded into the rows (at the end of the input, the history
-                // is kept as it is).
+                // is kept as it is). The horizon moves with the watermark's
+                // post, under the timeline's lock: a read that holds a time
+                // after the post sees the new horizon.
                 let watermark = watermark_of(&frontiers[0]);
-                let bound = reader.timeline.post(reader.view, index, watermark);
-                if bound < END_OF_TIME {
-                    while !guard.compact_some(bound.saturating_sub(reader.retain), WRITE_CHUNK) {
-                        RwLockWriteGuard::bump(&mut guard);
+                let bound = reader.timeline.post(reader.view, index, watermark, |bound| {
+                    if bound < END_OF_TIME {
+                        shard.horizon.fetch_max(bound.saturating_sub(reader.retain), Ordering::AcqRel);
                     }
+                });
+                if bound < END_OF_TIME {
+                    shard.compact(WRITE_CHUNK);
                 }
                 // The shard stays readable by queries: the background thread
-                // reads it under a read lock (taken once this activation lets go
-                // of the write lock), and the operator leaves it alone until the
-                // snapshot is back.
-                drop(guard);
+                // reads it under read locks, and the operator leaves it alone
+                // until the snapshot is back.
                 managed.checkpoint(watermark, ());
             }
         });
     }
 }
 
-/// How many changes a served table's operator applies between handing the
-/// shard's lock to waiting readers.
-const WRITE_CHUNK: usize = 1024;
+/// How many keys a served table's operator folds into their values under
+/// one lock of a part (a read of that part waits for at most that).
+const WRITE_CHUNK: usize = 32;
+
+/// How many parts, each under its own lock, a worker's shard of a served
+/// table is in.
+const PARTS: usize = 64;
 
 /// A served table's state: this worker's shard, shared with the readers.
-struct Served<K, V>(Arc<RwLock<Shard<K, V>>>);
+struct Served<K, V>(Arc<Shard<K, V>>);
 
 impl<K, V> Default for Served<K, V> {
     fn default() -> Self {
-        Served(Arc::new(RwLock::new(Shard::default())))
+        Served(Arc::new(Shard::default()))
     }
 }
 
@@ -127,17 +127,18 @@ impl<K: Key + Sync, V: Data + Sync> OperatorState for Served<K, V> {
     /// The shard's keys (the table's rows with their history), and their
     /// size from a sample.
     fn held(&self) -> (usize, u64) {
-        let shard = self.0.read();
-        let rows = shard.rows.len();
-        (rows, crate::state::sampled_size(rows, shard.rows.iter().map(|(k, row)| (k, &row.values, &row.changes))))
+        let parts = self.0.read_all();
+        let rows = parts.iter().map(|p| p.rows.len()).sum();
+        let all = parts.iter().flat_map(|p| p.rows.iter());
+        (rows, crate::state::sampled_size(rows, all.map(|(k, row)| (k, &row.values, &row.changes))))
     }
 
     /// The shard as checkpoint entries, one per key, routed by key, read
-    /// under a read lock (queries read the shard meanwhile).
+    /// under read locks (queries read the shard meanwhile).
     fn snapshot(&self, (): (), out: &mut Snapshot) {
-        let shard = self.0.read();
-        out.reserve(shard.rows.len());
-        for (k, row) in shard.rows.iter() {
+        let parts = self.0.read_all();
+        out.reserve(parts.iter().map(|p| p.rows.len()).sum());
+        for (k, row) in parts.iter().flat_map(|p| p.rows.iter()) {
             out.push(route(k), &(k, &row.values, &row.changes));
         }
     }
@@ -153,7 +154,7 @@ type Changes<V> = Vec<(Timestamp, V, Diff)>;
 type ServedKey<K, V> = (K, Values<V>, Changes<V>);
 
 /// The served shards of a table, by worker index.
-type Shards<K, V> = Arc<Mutex<BTreeMap<usize, Arc<RwLock<Shard<K, V>>>>>>;
+type Shards<K, V> = Arc<Mutex<BTreeMap<usize, Arc<Shard<K, V>>>>>;
 
 /// One key of a shard: its values with every change before the shard's
 /// horizon folded in, and its changes from the horizon on, in time order.
@@ -193,9 +194,68 @@ impl<V: Data + PartialEq> Row<V> {
     }
 }
 
-/// One worker's part of a served table.
+/// One worker's part of a served table: its keys in [`PARTS`] parts by
+/// their hash, each under its own lock, so that the operator's writes and
+/// the readers' reads meet only when they want the same part at once.
 #[derive(Debug)]
 struct Shard<K, V> {
+    parts: Box<[RwLock<Part<K, V>>]>,
+    /// Every change before it is folded into the values, or is being: a
+    /// read as of an earlier time is refused. Set under the timeline's lock.
+    horizon: AtomicU64,
+}
+
+impl<K, V> Default for Shard<K, V> {
+    fn default() -> Self {
+        Shard { parts: (0..PARTS).map(|_| RwLock::new(Part::default())).collect(), horizon: AtomicU64::new(0) }
+    }
+}
+
+impl<K, V> Shard<K, V> {
+    /// Read locks on every part at once.
+    fn read_all(&self) -> Vec<parking_lot::RwLockReadGuard<'_, Part<K, V>>> {
+        self.parts.iter().map(|p| p.read()).collect()
+    }
+
+    /// The time reads may be as of from on.
+    fn horizon(&self) -> Timestamp {
+        self.horizon.load(Ordering::Acquire)
+    }
+}
+
+impl<K: Key, V: Data + PartialEq> Shard<K, V> {
+    /// The part that holds `key` (by bits of its hash that do not pick the
+    /// worker).
+    fn part(&self, key: &K) -> &RwLock<Part<K, V>> {
+        &self.parts[(route(key) >> 40) as usize % PARTS]
+    }
+
+    /// Folds every change before the horizon into the values, part by part
+    /// and `budget` keys under each lock.
+    fn compact(&self, budget: usize) {
+        let horizon = self.horizon();
+        for part in self.parts.iter() {
+            while !part.write().compact_some(horizon, budget) {}
+        }
+    }
+}
+
+impl<K: Key + Sync, V: Data + Sync + PartialEq> Shard<K, V> {
+    /// Adds this worker's restored keys; the history starts at the
+    /// checkpoint's time.
+    fn restore(&self, time: Timestamp, entries: &mut RestoredEntries<Served<K, V>>) {
+        self.horizon.fetch_max(time, Ordering::AcqRel);
+        for part in self.parts.iter() {
+            let mut part = part.write();
+            part.horizon = part.horizon.max(time);
+        }
+        entries.for_each(|(k, values, changes)| self.part(&k).write().restore_key(k, values, changes));
+    }
+}
+
+/// A part of a worker's shard of a served table.
+#[derive(Debug)]
+struct Part<K, V> {
     /// The keys in order (range scans), each with its history.
     rows: BTreeMap<K, Row<V>>,
     /// The keys with changes at each time (compaction and changelogs; a key
@@ -205,13 +265,13 @@ struct Shard<K, V> {
     horizon: Timestamp,
 }
 
-impl<K, V> Default for Shard<K, V> {
+impl<K, V> Default for Part<K, V> {
     fn default() -> Self {
-        Shard { rows: BTreeMap::new(), by_time: BTreeMap::new(), horizon: 0 }
+        Part { rows: BTreeMap::new(), by_time: BTreeMap::new(), horizon: 0 }
     }
 }
 
-impl<K: Key, V: Data + PartialEq> Shard<K, V> {
+impl<K: Key, V: Data + PartialEq> Part<K, V> {
     /// Adds the change `(k, v, diff)` at `time`.
     fn insert(&mut self, k: K, v: V, time: Timestamp, diff: Diff) {
         if diff == 0 {
@@ -247,14 +307,17 @@ impl<K: Key, V: Data + PartialEq> Shard<K, V> {
         self.horizon = self.horizon.max(horizon);
         let horizon = self.horizon;
         let mut folded = 0usize;
-        while let Some(entry) = self.by_time.first_entry() {
+        // A time's keys are folded a budget at a time too (one time may
+        // hold a whole batch's keys, each a lookup among all the rows).
+        while let Some(mut entry) = self.by_time.first_entry() {
             if *entry.key() >= horizon {
                 return true;
             }
-            if folded >= budget {
-                return false;
-            }
-            for k in entry.remove() {
+            while let Some(k) = entry.get_mut().pop() {
+                if folded >= budget {
+                    entry.get_mut().push(k);
+                    return false;
+                }
                 folded += 1;
                 let Some(row) = self.rows.get_mut(&k) else { continue };
                 row.fold(horizon);
@@ -262,36 +325,33 @@ impl<K: Key, V: Data + PartialEq> Shard<K, V> {
                     self.rows.remove(&k);
                 }
             }
+            entry.remove();
         }
         true
     }
 }
 
-impl<K: Key + Sync, V: Data + Sync + PartialEq> Shard<K, V> {
-    /// Adds this worker's restored keys; the history starts at the
-    /// checkpoint's time.
-    fn restore(&mut self, time: Timestamp, entries: &mut RestoredEntries<Served<K, V>>) {
-        self.horizon = self.horizon.max(time);
-        entries.for_each(|(k, values, changes)| {
-            let row = self.rows.entry(k.clone()).or_default();
-            for (v, diff) in values {
+impl<K: Key, V: Data + PartialEq> Part<K, V> {
+    /// Adds a restored key: its folded values and its changes after.
+    fn restore_key(&mut self, k: K, values: Values<V>, changes: Changes<V>) {
+        let row = self.rows.entry(k.clone()).or_default();
+        for (v, diff) in values {
+            bump(&mut row.values, &v, diff);
+        }
+        for (t, v, diff) in changes {
+            if t < self.horizon {
                 bump(&mut row.values, &v, diff);
-            }
-            for (t, v, diff) in changes {
-                if t < self.horizon {
-                    bump(&mut row.values, &v, diff);
-                } else {
-                    let at = row.changes.partition_point(|(c, _, _)| *c <= t);
-                    if at == 0 || row.changes[at - 1].0 != t {
-                        self.by_time.entry(t).or_default().push(k.clone());
-                    }
-                    row.changes.insert(at, (t, v, diff));
+            } else {
+                let at = row.changes.partition_point(|(c, _, _)| *c <= t);
+                if at == 0 || row.changes[at - 1].0 != t {
+                    self.by_time.entry(t).or_default().push(k.clone());
                 }
+                row.changes.insert(at, (t, v, diff));
             }
-            if row.is_empty() {
-                self.rows.remove(&k);
-            }
-        });
+        }
+        if row.is_empty() {
+            self.rows.remove(&k);
+        }
     }
 }
 
@@ -332,6 +392,11 @@ impl TimelineState {
         self.marks.values().copied().min().unwrap_or(0)
     }
 
+    /// The watermark of `view`: the least over its serving workers.
+    fn mark_of(&self, view: u64) -> Timestamp {
+        self.marks.range((view, 0)..=(view, usize::MAX)).map(|(_, t)| *t).min().unwrap_or(0)
+    }
+
     fn bound(&self) -> Timestamp {
         let held = self.holds.keys().next().copied().unwrap_or(END_OF_TIME);
         self.least_mark().min(held)
@@ -355,18 +420,21 @@ impl Timeline {
     }
 
     /// Records worker `index`'s watermark for `view`; returns the time
-    /// before which no read can come any more (the least watermark and hold).
-    fn post(&self, view: u64, index: usize, watermark: Timestamp) -> Timestamp {
+    /// before which no read can come any more (the least watermark and
+    /// hold), after passing it to `then` under the timeline's lock (no hold
+    /// is taken meanwhile).
+    fn post(&self, view: u64, index: usize, watermark: Timestamp, then: impl FnOnce(Timestamp)) -> Timestamp {
         let mut state = self.state();
         state.marks.insert((view, index), watermark);
-        state.bound()
+        let bound = state.bound();
+        then(bound);
+        bound
     }
 
     /// The watermark of `view`: the least over its serving workers (0
     /// before any serves).
     fn watermark_of(&self, view: u64) -> Timestamp {
-        let state = self.state();
-        state.marks.range((view, 0)..=(view, usize::MAX)).map(|(_, t)| *t).min().unwrap_or(0)
+        self.state().mark_of(view)
     }
 
     /// The least watermark of every table served on the timeline: every
@@ -380,6 +448,15 @@ impl Timeline {
     pub fn hold_current(&self) -> ReadHold {
         let mut state = self.state();
         let upto = state.least_mark();
+        *state.holds.entry(upto).or_default() += 1;
+        ReadHold { timeline: self.clone(), upto }
+    }
+
+    /// A hold at `view`'s watermark, taken under the same lock as the
+    /// watermark is read: no post moves a horizon past it in between.
+    fn hold_view_current(&self, view: u64) -> ReadHold {
+        let mut state = self.state();
+        let upto = state.mark_of(view);
         *state.holds.entry(upto).or_default() += 1;
         ReadHold { timeline: self.clone(), upto }
     }
@@ -567,21 +644,21 @@ impl<K: Key, V: Data + PartialEq> TableReader<K, V> {
         Self::default()
     }
 
-    fn shards(&self) -> Vec<Arc<RwLock<Shard<K, V>>>> {
+    fn shards(&self) -> Vec<Arc<Shard<K, V>>> {
         self.shards.lock().map(|s| s.values().cloned().collect()).unwrap_or_default()
     }
 
     /// The earliest time the table can be read as of (its history's start;
     /// 0 when it reaches back to the beginning).
     pub fn earliest(&self) -> Timestamp {
-        let horizon = self.shards().iter().map(|s| s.read().horizon).max().unwrap_or(0);
+        let horizon = self.shards().iter().map(|s| s.horizon()).max().unwrap_or(0);
         horizon.saturating_sub(1)
     }
 
     /// How many keys the shards hold (with a value now, or a change in the
     /// retained history): the size of the view, without reading it.
     pub fn keys_held(&self) -> usize {
-        self.shards().iter().map(|s| s.read().rows.len()).sum()
+        self.shards().iter().flat_map(|s| s.parts.iter()).map(|p| p.read().rows.len()).sum()
     }
 
     /// A read of the table through `hold`: as of its time, which must be
@@ -599,7 +676,7 @@ impl<K: Key, V: Data + PartialEq> TableReader<K, V> {
         let shards = self.shards();
         // The history starts where the shard that kept the least of it
         // starts ([`earliest`](Self::earliest)): the error names that time.
-        let horizon = shards.iter().map(|s| s.read().horizon).max().unwrap_or(0);
+        let horizon = shards.iter().map(|s| s.horizon()).max().unwrap_or(0);
         if horizon > upto {
             return Err(AsOfError::BeforeHistory { as_of, earliest: horizon - 1 });
         }
@@ -610,7 +687,7 @@ impl<K: Key, V: Data + PartialEq> TableReader<K, V> {
     pub fn hold_current(&self) -> ReadHold {
         // The table's watermark is at or after the timeline's, where every
         // table's history is kept: holding it keeps the history from there.
-        self.timeline.hold(self.watermark())
+        self.timeline.hold_view_current(self.view)
     }
 
     /// The value of `key`, if the table has one.
@@ -676,7 +753,7 @@ impl<K: Key, V: Data + PartialEq> TableReader<K, V> {
 /// A read of a served table as of one time ([`TableReader::read`]).
 #[derive(Debug)]
 pub struct TableRead<'a, K, V> {
-    shards: Vec<Arc<RwLock<Shard<K, V>>>>,
+    shards: Vec<Arc<Shard<K, V>>>,
     upto: Timestamp,
     _hold: &'a ReadHold,
 }
@@ -684,7 +761,7 @@ pub struct TableRead<'a, K, V> {
 impl<K: Key, V: Data + PartialEq> TableRead<'_, K, V> {
     /// The value of `key`, if the table had one.
     pub fn get(&self, key: &K) -> Option<V> {
-        self.shards.iter().find_map(|shard| shard.read().rows.get(key)?.value_before(self.upto))
+        self.shards.iter().find_map(|shard| shard.part(key).read().rows.get(key)?.value_before(self.upto))
     }
 
     /// The first `limit` rows whose keys are in `range`, sorted by key.
@@ -693,11 +770,11 @@ impl<K: Key, V: Data + PartialEq> TableRead<'_, K, V> {
         if is_empty_range(&bounds) {
             return Vec::new();
         }
-        // Each shard's first `limit` rows in the range, merged.
+        // Each part's first `limit` rows in the range, merged.
         let mut rows = Vec::new();
-        for shard in &self.shards {
-            let shard = shard.read();
-            let found = shard
+        for part in self.shards.iter().flat_map(|s| s.parts.iter()) {
+            let part = part.read();
+            let found = part
                 .rows
                 .range::<K, _>((bounds.0.as_ref(), bounds.1.as_ref()))
                 .filter_map(|(k, row)| Some((k.clone(), row.value_before(self.upto)?)))
@@ -713,11 +790,11 @@ impl<K: Key, V: Data + PartialEq> TableRead<'_, K, V> {
     /// (of one time, by key).
     fn changes_since(&self, from: Timestamp) -> Vec<(K, V, Timestamp, Diff)> {
         let mut out = Vec::new();
-        for shard in &self.shards {
-            let shard = shard.read();
-            for (time, keys) in shard.by_time.range(from..self.upto) {
+        for part in self.shards.iter().flat_map(|s| s.parts.iter()) {
+            let part = part.read();
+            for (time, keys) in part.by_time.range(from..self.upto) {
                 for k in keys {
-                    let Some(row) = shard.rows.get(k) else { continue };
+                    let Some(row) = part.rows.get(k) else { continue };
                     let at = row.changes.partition_point(|(t, _, _)| *t < *time);
                     for (t, v, diff) in row.changes[at..].iter().take_while(|(t, _, _)| t == time) {
                         out.push((k.clone(), v.clone(), *t, *diff));
@@ -758,13 +835,13 @@ mod tests {
     /// any time after it as the sum of the changes before.
     #[test]
     fn shards_fold_history_before_the_horizon() {
-        let mut shard: Shard<u8, char> = Shard::default();
+        let mut shard: Part<u8, char> = Part::default();
         shard.insert(1, 'a', 10, 1);
         shard.insert(1, 'a', 20, -1);
         shard.insert(1, 'b', 20, 1);
         shard.insert(2, 'x', 15, 1);
         shard.insert(2, 'x', 30, -1);
-        let value = |s: &Shard<u8, char>, k: u8, upto| s.rows.get(&k).and_then(|r| r.value_before(upto));
+        let value = |s: &Part<u8, char>, k: u8, upto| s.rows.get(&k).and_then(|r| r.value_before(upto));
         assert_eq!((value(&shard, 1, 20), value(&shard, 1, 21)), (Some('a'), Some('b')));
         shard.compact(21);
         assert_eq!(shard.rows[&1].changes.len(), 0);

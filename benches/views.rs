@@ -19,8 +19,8 @@
 //!   the same reads in process (`TableReader::get_as_of`).
 //!
 //! Needs `wrk` (Debian: `apt-get install wrk`). Each figure is the median
-//! of `--runs` runs. `wrk` gets the scheduler's shortest slice, as the
-//! server's thread has (it made no difference here).
+//! of `--runs` runs. With `WRK_OUT` set, `wrk`'s own report goes to
+//! standard error.
 //!
 //! ```text
 //! cargo bench --bench views -- --keys 1000000 --seconds 10 --runs 3
@@ -118,7 +118,7 @@ fn wrk_ms(text: &str) -> f64 {
 /// The bench's own client (`--client ADDR SECONDS KEYS CONNECTIONS`, run
 /// as a child process): `connections` threads, each a keep-alive HTTP/1.1
 /// connection reading random keys one request at a time, every request
-/// timed; prints the reads per second, p50, p99 and the longest (ms).
+/// timed; prints the reads per second, p50 and p99 (ms).
 fn client(addr: &str, seconds: u64, keys: u64, connections: usize) {
     use std::io::{BufRead, BufReader, Read, Write};
     let deadline = Instant::now() + Duration::from_secs(seconds);
@@ -161,7 +161,7 @@ fn client(addr: &str, seconds: u64, keys: u64, connections: usize) {
     let mut took: Vec<f64> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
     took.sort_by(f64::total_cmp);
     let at = |q: f64| took[((took.len() as f64 * q) as usize).min(took.len() - 1)];
-    println!("{} {} {} {}", took.len() as f64 / seconds as f64, at(0.5), at(0.99), took[took.len() - 1]);
+    println!("{} {} {}", took.len() as f64 / seconds as f64, at(0.5), at(0.99));
 }
 
 /// Runs the bench's own client against `base` for `seconds`.
@@ -173,61 +173,20 @@ fn own_client(base: &str, keys: u64, seconds: u64, connections: usize) -> Load {
         .expect("the client runs");
     let text = String::from_utf8_lossy(&out.stdout);
     let f: Vec<f64> = text.split_whitespace().map(|n| n.parse().unwrap()).collect();
-    assert_eq!(f.len(), 4, "client: {text} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(f.len(), 3, "client: {text} {}", String::from_utf8_lossy(&out.stderr));
     Load { reads_per_s: f[0], p50_ms: f[1], p99_ms: f[2], non_2xx: 0 }
-}
-
-/// Gives the threads of process `pid` the scheduler's shortest slice
-/// (0.1 ms, Linux 6.12+), as the view server's thread has: a client woken
-/// by an answer then preempts the busy worker instead of waiting out its
-/// slice (up to 1.4 ms here), which a client on another machine would not.
-fn short_slices(pid: u32) {
-    #[repr(C)]
-    struct SchedAttr {
-        size: u32,
-        policy: u32,
-        flags: u64,
-        nice: i32,
-        priority: u32,
-        runtime: u64,
-        deadline: u64,
-        period: u64,
-        util_min: u32,
-        util_max: u32,
-    }
-    let attr = SchedAttr {
-        size: std::mem::size_of::<SchedAttr>() as u32,
-        policy: 0,
-        flags: 0,
-        nice: 0,
-        priority: 0,
-        runtime: 100_000,
-        deadline: 0,
-        period: 0,
-        util_min: 0,
-        util_max: 0,
-    };
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
-    for tid in tasks.flatten().filter_map(|t| t.file_name().to_str()?.parse::<libc::pid_t>().ok()) {
-        // SAFETY: `attr` is a valid `sched_attr` of the size it declares.
-        unsafe { libc::syscall(libc::SYS_sched_setattr, tid, &attr as *const SchedAttr, 0) };
-    }
 }
 
 /// Runs `wrk` for `seconds` against `base` with the request `script` (Lua).
 fn wrk(base: &str, script: &str, seconds: u64, connections: usize) -> Load {
     let path = std::env::temp_dir().join(format!("highwater-views-bench-{}.lua", std::process::id()));
     std::fs::write(&path, script).unwrap();
-    let child = Command::new("wrk")
+    let out = Command::new("wrk")
         .args(["-t1", &format!("-c{connections}"), &format!("-d{seconds}s"), "--latency", "-s"])
         .arg(&path)
         .arg(base)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
+        .output()
         .expect("wrk runs (apt-get install wrk)");
-    std::thread::sleep(Duration::from_millis(100));
-    short_slices(child.id());
-    let out = child.wait_with_output().expect("wrk ends");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     if std::env::var_os("WRK_OUT").is_some() {
         eprintln!("{text}");

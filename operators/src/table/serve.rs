@@ -67,10 +67,11 @@ impl<K: Key, V: Data + Ord> Table<'_, K, V> {
                 // a read waits for at most that, and only if it wants the
                 // same part. Readers see changes of the times not complete
                 // yet, which a read as of a complete time leaves out.
+                let horizon = shard.horizon();
                 input.for_each_stamp(|_cap, data| {
                     for batch in data {
                         for ((k, v), time, diff) in batch.drain(..) {
-                            shard.part(&k).write().insert(k, v, time, diff);
+                            shard.part(&k).write().insert(k, v, time, diff, horizon);
                         }
                     }
                 });
@@ -200,8 +201,9 @@ impl<V: Data + PartialEq> Row<V> {
 #[derive(Debug)]
 struct Shard<K, V> {
     parts: Box<[RwLock<Part<K, V>>]>,
-    /// Every change before it is folded into the values, or is being: a
-    /// read as of an earlier time is refused. Set under the timeline's lock.
+    /// Every change before it is folded into the values, or is being (the
+    /// parts are folded up to it after it moves): a read as of an earlier
+    /// time is refused. Set under the timeline's lock.
     horizon: AtomicU64,
 }
 
@@ -245,11 +247,8 @@ impl<K: Key + Sync, V: Data + Sync + PartialEq> Shard<K, V> {
     /// checkpoint's time.
     fn restore(&self, time: Timestamp, entries: &mut RestoredEntries<Served<K, V>>) {
         self.horizon.fetch_max(time, Ordering::AcqRel);
-        for part in self.parts.iter() {
-            let mut part = part.write();
-            part.horizon = part.horizon.max(time);
-        }
-        entries.for_each(|(k, values, changes)| self.part(&k).write().restore_key(k, values, changes));
+        let horizon = self.horizon();
+        entries.for_each(|(k, values, changes)| self.part(&k).write().restore_key(k, values, changes, horizon));
     }
 }
 
@@ -261,24 +260,23 @@ struct Part<K, V> {
     /// The keys with changes at each time (compaction and changelogs; a key
     /// once per time).
     by_time: BTreeMap<Timestamp, Vec<K>>,
-    /// Every change before it is folded into the values.
-    horizon: Timestamp,
 }
 
 impl<K, V> Default for Part<K, V> {
     fn default() -> Self {
-        Part { rows: BTreeMap::new(), by_time: BTreeMap::new(), horizon: 0 }
+        Part { rows: BTreeMap::new(), by_time: BTreeMap::new() }
     }
 }
 
 impl<K: Key, V: Data + PartialEq> Part<K, V> {
-    /// Adds the change `(k, v, diff)` at `time`.
-    fn insert(&mut self, k: K, v: V, time: Timestamp, diff: Diff) {
+    /// Adds the change `(k, v, diff)` at `time`, folded into the values if
+    /// it is before the shard's `horizon`.
+    fn insert(&mut self, k: K, v: V, time: Timestamp, diff: Diff, horizon: Timestamp) {
         if diff == 0 {
             return;
         }
         let row = self.rows.entry(k.clone()).or_default();
-        if time < self.horizon {
+        if time < horizon {
             // Before the horizon (a restored shard's late change): folded.
             bump(&mut row.values, &v, diff);
             return;
@@ -291,21 +289,19 @@ impl<K: Key, V: Data + PartialEq> Part<K, V> {
         }
     }
 
-    /// Folds every change before `horizon` into the values (if it is past
-    /// the current one), and forgets keys with nothing left.
+    /// Folds every change before `horizon` into the values, and forgets
+    /// keys with nothing left.
     #[cfg(test)]
     fn compact(&mut self, horizon: Timestamp) {
         while !self.compact_some(horizon, usize::MAX) {}
     }
 
     /// [`compact`](Self::compact) in steps of about `budget` keys: whether
-    /// it is done. The horizon moves first, so that a read that comes in
-    /// between two steps and is as of a time before the new horizon is told
-    /// so; a read as of a time at or after it gives the same answer whether
-    /// a key's changes before it are folded yet or not.
+    /// it is done. The shard's horizon has moved first, so that a read that
+    /// comes in between two steps and is as of a time before it is told so;
+    /// a read as of a time at or after it gives the same answer whether a
+    /// key's changes before it are folded yet or not.
     fn compact_some(&mut self, horizon: Timestamp, budget: usize) -> bool {
-        self.horizon = self.horizon.max(horizon);
-        let horizon = self.horizon;
         let mut folded = 0usize;
         // A time's keys are folded a budget at a time too (one time may
         // hold a whole batch's keys, each a lookup among all the rows).
@@ -332,14 +328,15 @@ impl<K: Key, V: Data + PartialEq> Part<K, V> {
 }
 
 impl<K: Key, V: Data + PartialEq> Part<K, V> {
-    /// Adds a restored key: its folded values and its changes after.
-    fn restore_key(&mut self, k: K, values: Values<V>, changes: Changes<V>) {
+    /// Adds a restored key: its folded values and its changes after (those
+    /// before `horizon` folded).
+    fn restore_key(&mut self, k: K, values: Values<V>, changes: Changes<V>, horizon: Timestamp) {
         let row = self.rows.entry(k.clone()).or_default();
         for (v, diff) in values {
             bump(&mut row.values, &v, diff);
         }
         for (t, v, diff) in changes {
-            if t < self.horizon {
+            if t < horizon {
                 bump(&mut row.values, &v, diff);
             } else {
                 let at = row.changes.partition_point(|(c, _, _)| *c <= t);
@@ -836,11 +833,11 @@ mod tests {
     #[test]
     fn shards_fold_history_before_the_horizon() {
         let mut shard: Part<u8, char> = Part::default();
-        shard.insert(1, 'a', 10, 1);
-        shard.insert(1, 'a', 20, -1);
-        shard.insert(1, 'b', 20, 1);
-        shard.insert(2, 'x', 15, 1);
-        shard.insert(2, 'x', 30, -1);
+        shard.insert(1, 'a', 10, 1, 0);
+        shard.insert(1, 'a', 20, -1, 0);
+        shard.insert(1, 'b', 20, 1, 0);
+        shard.insert(2, 'x', 15, 1, 0);
+        shard.insert(2, 'x', 30, -1, 0);
         let value = |s: &Part<u8, char>, k: u8, upto| s.rows.get(&k).and_then(|r| r.value_before(upto));
         assert_eq!((value(&shard, 1, 20), value(&shard, 1, 21)), (Some('a'), Some('b')));
         shard.compact(21);

@@ -21,10 +21,9 @@ mod common;
 
 use std::borrow::Cow;
 use std::io::Write;
-use std::process::Command;
 use std::time::Instant;
 
-use common::{field, median};
+use common::{median, run_query};
 use highwater::nexmark::{write_event, Auction, Bid, Generator, GeneratorConfig, NexmarkDecoder, Person};
 use highwater::source::{Decode, JsonDecoder};
 use serde::Deserialize;
@@ -254,21 +253,6 @@ fn parsers(o: &Options, text: &[u8]) {
     println!();
 }
 
-/// Runs the binary on the file; returns (events/s, peak RSS MiB).
-fn run(query: &str, file: &str, workers: usize, source_only: bool) -> (f64, f64) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_highwater"));
-    cmd.args(["nexmark", "--query", query, "--discard", "--input", file]);
-    if source_only {
-        cmd.arg("--source-only");
-    }
-    cmd.args(["--", "-w", &workers.to_string()]);
-    let out = cmd.output().expect("running highwater");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{query}: {stderr}");
-    let summary = stderr.lines().last().unwrap_or_default();
-    (field(summary, "events/s"), field(summary, "peak_rss_mib"))
-}
-
 fn queries(o: &Options, file: &str, bytes_per_line: f64) {
     println!("### The `highwater` binary on the file, median of {} runs\n", o.runs);
     print!("| run |");
@@ -286,7 +270,8 @@ fn queries(o: &Options, file: &str, bytes_per_line: f64) {
     for (label, query, source_only) in rows {
         print!("| {label} |");
         for &w in &o.workers {
-            let results: Vec<(f64, f64)> = (0..o.runs).map(|_| run(query, file, w, source_only)).collect();
+            let results: Vec<(f64, f64)> =
+                (0..o.runs).map(|_| run_query(query, &["--input", file], w, source_only)).collect();
             let rate = median(results.iter().map(|r| r.0).collect());
             let rss = results.iter().map(|r| r.1).fold(0.0, f64::max);
             print!(" {:.2} M | {:.0} | {rss:.0} |", rate / 1e6, rate * bytes_per_line / 1e6);

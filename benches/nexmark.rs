@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::{field, median};
+use common::{field, median, run_query};
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -56,21 +56,6 @@ fn parse_args() -> Options {
     o
 }
 
-/// Runs one query; returns (events/s, peak RSS MiB).
-fn run(query: &str, input: &[String], workers: usize, source_only: bool) -> (f64, f64) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_highwater"));
-    cmd.args(["nexmark", "--query", query, "--discard"]).args(input);
-    if source_only {
-        cmd.arg("--source-only");
-    }
-    cmd.args(["--", "-w", &workers.to_string()]);
-    let out = cmd.output().expect("running highwater");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{query}: {stderr}");
-    let summary = stderr.lines().last().unwrap_or_default();
-    (field(summary, "events/s"), field(summary, "peak_rss_mib"))
-}
-
 fn throughput(o: &Options) {
     let (input, label): (Vec<String>, String) = match &o.file {
         Some(path) => (vec!["--input".into(), path.clone()], format!("file {path}")),
@@ -89,7 +74,7 @@ fn throughput(o: &Options) {
     println!();
     let mut baseline = Vec::new();
     for &w in &o.workers {
-        let rates: Vec<f64> = (0..o.runs).map(|_| run("q0", &input, w, true).0).collect();
+        let rates: Vec<f64> = (0..o.runs).map(|_| run_query("q0", &input, w, true).0).collect();
         baseline.push(median(rates));
     }
     print!("| source only |");
@@ -100,7 +85,7 @@ fn throughput(o: &Options) {
     for q in &o.queries {
         print!("| {q} |");
         for (i, &w) in o.workers.iter().enumerate() {
-            let results: Vec<(f64, f64)> = (0..o.runs).map(|_| run(q, &input, w, false)).collect();
+            let results: Vec<(f64, f64)> = (0..o.runs).map(|_| run_query(q, &input, w, false)).collect();
             let rate = median(results.iter().map(|r| r.0).collect());
             let rss = results.iter().map(|r| r.1).fold(0.0, f64::max);
             print!(" {:.2} M | {:.2} | {rss:.0} |", rate / 1e6, rate / baseline[i]);

@@ -146,8 +146,9 @@ fn client(addr: &str, seconds: u64, keys: u64, connections: usize) {
                         if line == "\r\n" {
                             break;
                         }
-                        if let Some(n) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                            length = n.trim().parse().unwrap();
+                        const LENGTH: &str = "content-length:";
+                        if line.get(..LENGTH.len()).is_some_and(|name| name.eq_ignore_ascii_case(LENGTH)) {
+                            length = line[LENGTH.len()..].trim().parse().unwrap();
                         }
                     }
                     body.resize(length, 0);

@@ -557,20 +557,6 @@ fn checkpointed_ids(addr: std::net::SocketAddr, dir: &std::path::Path, rate: Opt
     report.recovered_from
 }
 
-/// The data lines committed to `dir`, in the parts' order.
-fn committed(dir: &std::path::Path) -> Vec<String> {
-    let mut parts: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "csv"))
-        .collect();
-    parts.sort();
-    parts
-        .iter()
-        .flat_map(|p| std::fs::read_to_string(p).unwrap().lines().map(str::to_owned).collect::<Vec<_>>())
-        .collect()
-}
-
 #[test]
 fn killed_with_calls_in_flight_and_recovered_it_commits_what_an_uninterrupted_run_commits() {
     // Each call takes 5 to 40 ms: at 1 600 ids a second, tens are in
@@ -586,7 +572,8 @@ fn killed_with_calls_in_flight_and_recovered_it_commits_what_an_uninterrupted_ru
     let service = Service::start(rules.clone());
     let plain = crash::Scratch::new("enrich", "plain");
     assert_eq!(checkpointed_ids(service.addr, &plain.0, None), None);
-    let (plain_results, plain_failures) = (committed(&plain.0.join("results")), committed(&plain.0.join("failures")));
+    let (plain_results, plain_failures) =
+        (crash::committed_lines(&plain.0.join("results")), crash::committed_lines(&plain.0.join("failures")));
     // The reference: the service's rules, one call per id.
     let mut expected: Vec<String> =
         (0..CRASH_IDS).filter(|id| !missing(*id)).map(|id| format!("{id},user-{id}")).collect();
@@ -614,8 +601,8 @@ fn killed_with_calls_in_flight_and_recovered_it_commits_what_an_uninterrupted_ru
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(status.success(), "{text}");
     assert!(text.contains("recovered from Some("), "the last run resumed from a checkpoint: {text}");
-    same_lines(&committed(&dir.0.join("results")), &plain_results, "the results");
-    same_lines(&committed(&dir.0.join("failures")), &plain_failures, "the failures");
+    same_lines(&crash::committed_lines(&dir.0.join("results")), &plain_results, "the results");
+    same_lines(&crash::committed_lines(&dir.0.join("failures")), &plain_failures, "the failures");
     // Calls in flight at a kill (and those after the checkpoint restored)
     // were made again: the service saw them twice.
     assert!(service.requests() as u64 > CRASH_IDS, "some calls were made again: {}", service.requests());

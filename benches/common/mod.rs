@@ -29,3 +29,26 @@ pub(crate) fn field(summary: &str, name: &str) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no {name} in {summary:?}"))
 }
+
+/// Runs the release `highwater` binary on a Nexmark query (`--discard`, the
+/// input given by `input`: `--input FILE` or `--events N`), with
+/// `--source-only` if asked, on `workers` workers; returns (events/s, peak
+/// RSS MiB) from its summary line.
+pub(crate) fn run_query<S: AsRef<std::ffi::OsStr>>(
+    query: &str,
+    input: &[S],
+    workers: usize,
+    source_only: bool,
+) -> (f64, f64) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_highwater"));
+    cmd.args(["nexmark", "--query", query, "--discard"]).args(input);
+    if source_only {
+        cmd.arg("--source-only");
+    }
+    cmd.args(["--", "-w", &workers.to_string()]);
+    let out = cmd.output().expect("running highwater");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{query}: {stderr}");
+    let summary = stderr.lines().last().unwrap_or_default();
+    (field(summary, "events/s"), field(summary, "peak_rss_mib"))
+}

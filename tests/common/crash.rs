@@ -36,17 +36,9 @@ pub(crate) fn events_file(dir: &Path, events: u64) -> PathBuf {
 /// order. Every part is a `part-*.csv` that starts with the same header and
 /// holds rows, and none is left pending.
 pub(crate) fn committed_parts(output: &Path) -> String {
-    let mut parts: Vec<PathBuf> = std::fs::read_dir(output)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "csv"))
-        .collect();
-    parts.sort();
     let mut rows = String::new();
     let mut header: Option<String> = None;
-    for part in parts {
-        let name = part.file_name().unwrap().to_string_lossy().into_owned();
-        assert!(name.starts_with("part-"), "unexpected file {} in the output directory", part.display());
+    for part in part_files(output) {
         let text = std::fs::read_to_string(&part).unwrap();
         let (first, data) = text.split_once('\n').unwrap_or((&text, ""));
         match &header {
@@ -56,9 +48,34 @@ pub(crate) fn committed_parts(output: &Path) -> String {
         assert!(!data.is_empty(), "{} holds no rows (empty parts are not written)", part.display());
         rows.push_str(data);
     }
+    rows
+}
+
+/// The lines of the part files committed to `output` without a header
+/// (`PartFormat::Rows`), in the parts' order; none is left pending.
+pub(crate) fn committed_lines(output: &Path) -> Vec<String> {
+    part_files(output)
+        .iter()
+        .flat_map(|p| std::fs::read_to_string(p).unwrap().lines().map(str::to_owned).collect::<Vec<_>>())
+        .collect()
+}
+
+/// The `part-*.csv` files of `output` in order, after checking that
+/// nothing else is there and none is left pending.
+fn part_files(output: &Path) -> Vec<PathBuf> {
+    let mut parts: Vec<PathBuf> = std::fs::read_dir(output)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "csv"))
+        .collect();
+    parts.sort();
+    for part in &parts {
+        let name = part.file_name().unwrap().to_string_lossy();
+        assert!(name.starts_with("part-"), "unexpected file {} in the output directory", part.display());
+    }
     let pending = std::fs::read_dir(output.join(".pending")).map(|d| d.count()).unwrap_or(0);
     assert_eq!(pending, 0, "parts left pending after a completed run");
-    rows
+    parts
 }
 
 /// The query's rows without checkpoints (its plain CSV output, 2 workers),

@@ -309,34 +309,43 @@ fn next_set_bit(bits: &[u64; INDEXED / 64], from: usize) -> Option<usize> {
 #[cfg(target_arch = "x86_64")]
 #[inline]
 fn index_quotes(bytes: &[u8]) -> Option<[u64; INDEXED / 64]> {
-    use std::arch::x86_64::{
-        _mm_cmpeq_epi8, _mm_cmplt_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8,
-    };
     if bytes.len() > INDEXED {
         return None;
     }
     let mut quotes = [0u64; INDEXED / 64];
     let mut special = 0;
     let mut blocks = bytes.chunks_exact(16);
-    // SAFETY: SSE2 is part of x86-64, and each load reads the 16 bytes of a
-    // block (unaligned loads are allowed).
-    unsafe {
-        let quote = _mm_set1_epi8(b'"' as i8);
-        let backslash = _mm_set1_epi8(b'\\' as i8);
-        let space = _mm_set1_epi8(0x20);
-        for (i, block) in blocks.by_ref().enumerate() {
-            let v = _mm_loadu_si128(block.as_ptr().cast());
-            let q = _mm_movemask_epi8(_mm_cmpeq_epi8(v, quote)) as u64;
-            special |= _mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(v, backslash), _mm_cmplt_epi8(v, space)));
-            quotes[i / 4] |= q << ((i % 4) * 16);
-        }
+    for (i, block) in blocks.by_ref().enumerate() {
+        let (q, other) = classify(block.try_into().expect("sixteen bytes"));
+        special |= other;
+        quotes[i / 4] |= u64::from(q) << ((i % 4) * 16);
     }
     let at = bytes.len() - blocks.remainder().len();
     for (i, &b) in blocks.remainder().iter().enumerate() {
-        special |= i32::from(b == b'\\' || !(0x20..0x80).contains(&b));
+        special |= u32::from(b == b'\\' || !(0x20..0x80).contains(&b));
         quotes[(at + i) / 64] |= u64::from(b == b'"') << ((at + i) % 64);
     }
     (special == 0).then_some(quotes)
+}
+
+/// The bytes of a block of sixteen that are `"` (the first mask, a bit per
+/// byte) and those that are `\\`, a control character or not ASCII (the
+/// second), with SSE2 (part of every x86-64 CPU).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn classify(block: &[u8; 16]) -> (u32, u32) {
+    use std::arch::x86_64::{
+        _mm_cmpeq_epi8, _mm_cmplt_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8,
+    };
+    // SAFETY: SSE2 is part of x86-64, and the load reads the block's 16
+    // bytes (unaligned loads are allowed).
+    unsafe {
+        let v = _mm_loadu_si128(block.as_ptr().cast());
+        let quote = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'"' as i8));
+        // Signed: bytes from 0x80 up are negative, so below 0x20 as well.
+        let other = _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8(b'\\' as i8)), _mm_cmplt_epi8(v, _mm_set1_epi8(0x20)));
+        (_mm_movemask_epi8(quote) as u32, _mm_movemask_epi8(other) as u32)
+    }
 }
 
 /// No index on other CPUs.
@@ -355,30 +364,15 @@ const HIGHS: u64 = 0x8080_8080_8080_8080;
 #[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) fn first_special(bytes: &[u8]) -> Option<usize> {
-    use std::arch::x86_64::{
-        _mm_cmpeq_epi8, _mm_cmplt_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8,
-    };
     let mut blocks = bytes.chunks_exact(16);
     let mut at = 0;
-    // SAFETY: SSE2 is part of x86-64, and each load reads the 16 bytes of a
-    // block (unaligned loads are allowed).
-    unsafe {
-        let quote = _mm_set1_epi8(b'"' as i8);
-        let backslash = _mm_set1_epi8(b'\\' as i8);
-        let space = _mm_set1_epi8(0x20);
-        for block in blocks.by_ref() {
-            let v = _mm_loadu_si128(block.as_ptr().cast());
-            // Signed: bytes from 0x80 up are negative, so below 0x20 as well.
-            let flags = _mm_or_si128(
-                _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
-                _mm_cmplt_epi8(v, space),
-            );
-            let mask = _mm_movemask_epi8(flags);
-            if mask != 0 {
-                return Some(at + mask.trailing_zeros() as usize);
-            }
-            at += 16;
+    for block in blocks.by_ref() {
+        let (quote, other) = classify(block.try_into().expect("sixteen bytes"));
+        let mask = quote | other;
+        if mask != 0 {
+            return Some(at + mask.trailing_zeros() as usize);
         }
+        at += 16;
     }
     first_special_in_words(blocks.remainder()).map(|i| at + i)
 }

@@ -251,28 +251,38 @@ impl<'a> Scanner<'a> {
     #[inline]
     pub(crate) fn integer(&mut self) -> Option<u64> {
         self.skip_whitespace();
-        let start = self.pos;
-        let mut value = 0u64;
-        while let Some(&b) = self.bytes.get(self.pos) {
-            let digit = b.wrapping_sub(b'0');
-            if digit > 9 {
-                break;
-            }
-            if self.pos - start == 18 {
-                return None;
-            }
-            value = value * 10 + u64::from(digit);
-            self.pos += 1;
-        }
-        let digits = self.pos - start;
-        if digits == 0 || (digits > 1 && self.bytes[start] == b'0') {
-            return None;
-        }
+        let (value, digits) = digits(self.bytes.get(self.pos..)?)?;
+        self.pos += digits;
         if matches!(self.bytes.get(self.pos), Some(b'.' | b'e' | b'E')) {
             return None;
         }
         Some(value)
     }
+}
+
+/// The integer that `bytes` starts with, of 1 to 18 digits without a
+/// leading zero (so any `i64` holds it), and the count of its digits;
+/// `None` for anything else (no digit, a leading zero, more digits). What
+/// follows the digits is the caller's to check.
+#[inline(always)]
+pub(crate) fn digits(bytes: &[u8]) -> Option<(u64, usize)> {
+    let mut value = 0u64;
+    let mut n = 0;
+    while let Some(&b) = bytes.get(n) {
+        let digit = b.wrapping_sub(b'0');
+        if digit > 9 {
+            break;
+        }
+        if n == 18 {
+            return None;
+        }
+        value = value * 10 + u64::from(digit);
+        n += 1;
+    }
+    if n == 0 || (n > 1 && bytes[0] == b'0') {
+        return None;
+    }
+    Some((value, n))
 }
 
 /// A JSON number as `serde_json` reads it (which `visit_*` it calls).

@@ -18,7 +18,7 @@
 use super::{Auction, Bid, Event, Person};
 
 use crate::source::intern;
-use crate::source::scan::first_special;
+use crate::source::scan::{digits, first_special};
 
 /// The event on `line`, or `None` if it is not in the canonical layout.
 #[inline]
@@ -130,24 +130,10 @@ impl<'a> Cursor<'a> {
     /// 1 to 18 digits, without a leading zero: a value any `i64` holds.
     #[inline(always)]
     fn integer(&mut self) -> Option<i64> {
-        let start = self.pos;
-        let mut value = 0i64;
-        while let Some(&b) = self.bytes.get(self.pos) {
-            let digit = b.wrapping_sub(b'0');
-            if digit > 9 {
-                break;
-            }
-            value = value * 10 + i64::from(digit);
-            self.pos += 1;
-            if self.pos - start > 18 {
-                return None;
-            }
-        }
-        let digits = self.pos - start;
-        if digits == 0 || (digits > 1 && self.bytes[start] == b'0') {
-            return None;
-        }
-        Some(value)
+        let (value, digits) = digits(self.bytes.get(self.pos..)?)?;
+        self.pos += digits;
+        // At most 18 digits: below 10^18 < i64::MAX.
+        Some(value as i64)
     }
 
     /// The rest of a string whose opening quote has been read, and its

@@ -839,20 +839,21 @@ impl<K: Key, V: StateValue> KeyedStateBackend<K, V> for RocksDbState<K, V> {
         match self.appender.filter(|_| !self.pending.is_empty()) {
             None => self.for_each_stored(|_, _, k, v| each(&k, &v)),
             Some(appender) => {
-                // The pending appends, onto the stored values or on their own.
-                let mut applied = std::collections::HashSet::new();
-                self.for_each_stored(|kb, _, k, v| match self.pending.get(kb) {
+                // The pending appends, onto the stored values or on their
+                // own (the keys applied are borrowed from `pending`).
+                let mut applied = rustc_hash::FxHashSet::<&[u8]>::default();
+                self.for_each_stored(|kb, _, k, v| match self.pending.get_key_value(kb) {
                     None => each(&k, &v),
-                    Some(frames) => match appender.extend(Some(v), frames) {
+                    Some((pending_key, frames)) => match appender.extend(Some(v), frames) {
                         Ok(v) => {
-                            applied.insert(kb.to_vec());
+                            applied.insert(pending_key);
                             each(&k, &v);
                         }
                         Err(e) => self.fail(e),
                     },
                 });
                 for (kb, frames) in &self.pending {
-                    if applied.contains(kb) {
+                    if applied.contains(kb.as_slice()) {
                         continue;
                     }
                     let key = self.db.decode_key::<K>(kb);

@@ -79,7 +79,7 @@ impl<'de> de::Deserializer<'de> for &mut Fast<'de> {
             b'{' => {
                 ok(self.s.punct(b'{'))?;
                 self.nest()?;
-                let value = visitor.visit_map(Members { de: &mut *self, first: true })?;
+                let value = visitor.visit_map(Items::<b'}'> { de: &mut *self, first: true })?;
                 self.depth -= 1;
                 ok(self.s.punct(b'}'))?;
                 Ok(value)
@@ -87,7 +87,7 @@ impl<'de> de::Deserializer<'de> for &mut Fast<'de> {
             b'[' => {
                 ok(self.s.punct(b'['))?;
                 self.nest()?;
-                let value = visitor.visit_seq(Elements { de: &mut *self, first: true })?;
+                let value = visitor.visit_seq(Items::<b']'> { de: &mut *self, first: true })?;
                 self.depth -= 1;
                 ok(self.s.punct(b']'))?;
                 Ok(value)
@@ -214,27 +214,34 @@ impl<'de> de::Deserializer<'de> for &mut Fast<'de> {
     }
 }
 
-/// The members of an object.
-struct Members<'d, 'a> {
+/// The members of an object (`CLOSE` is `}`) or the elements of an array
+/// (`]`), one after the other.
+struct Items<'d, 'a, const CLOSE: u8> {
     de: &'d mut Fast<'a>,
     first: bool,
 }
 
-impl<'de> de::MapAccess<'de> for Members<'_, 'de> {
+impl<const CLOSE: u8> Items<'_, '_, CLOSE> {
+    /// Whether another item follows (its `,` read), or the closing byte
+    /// (left for the caller to read).
+    fn another(&mut self) -> Result<bool, GiveUp> {
+        if std::mem::replace(&mut self.first, false) {
+            return Ok(self.de.s.peek() != Some(CLOSE));
+        }
+        match ok(self.de.s.peek())? {
+            b',' => ok(self.de.s.punct(b',')).map(|()| true),
+            b if b == CLOSE => Ok(false),
+            _ => Err(GiveUp),
+        }
+    }
+}
+
+impl<'de> de::MapAccess<'de> for Items<'_, 'de, b'}'> {
     type Error = GiveUp;
 
     fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, GiveUp> {
-        if self.first {
-            self.first = false;
-            if self.de.s.peek() == Some(b'}') {
-                return Ok(None);
-            }
-        } else {
-            match ok(self.de.s.peek())? {
-                b',' => ok(self.de.s.punct(b','))?,
-                b'}' => return Ok(None),
-                _ => return Err(GiveUp),
-            }
+        if !self.another()? {
+            return Ok(None);
         }
         let key = ok(self.de.s.key_text())?;
         seed.deserialize(Key(key)).map(Some)
@@ -245,27 +252,12 @@ impl<'de> de::MapAccess<'de> for Members<'_, 'de> {
     }
 }
 
-/// The elements of an array.
-struct Elements<'d, 'a> {
-    de: &'d mut Fast<'a>,
-    first: bool,
-}
-
-impl<'de> de::SeqAccess<'de> for Elements<'_, 'de> {
+impl<'de> de::SeqAccess<'de> for Items<'_, 'de, b']'> {
     type Error = GiveUp;
 
     fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, GiveUp> {
-        if self.first {
-            self.first = false;
-            if self.de.s.peek() == Some(b']') {
-                return Ok(None);
-            }
-        } else {
-            match ok(self.de.s.peek())? {
-                b',' => ok(self.de.s.punct(b','))?,
-                b']' => return Ok(None),
-                _ => return Err(GiveUp),
-            }
+        if !self.another()? {
+            return Ok(None);
         }
         seed.deserialize(&mut *self.de).map(Some)
     }
@@ -521,6 +513,29 @@ mod tests {
             })
     }
 
+    /// `base`'s texts with up to three edits (a character deleted, one of
+    /// JSON's significant characters inserted or put in place of one):
+    /// missing and doubled separators, brackets that do not match, keys
+    /// without their colon, cut literals and numbers.
+    fn edited(base: impl Strategy<Value = String>) -> impl Strategy<Value = String> {
+        let significant = vec![',', ':', '{', '}', '[', ']', '"', ' ', '0', '1', '-', '.', 'e', 'n', '\\'];
+        let edit = (0u8..3, any::<prop::sample::Index>(), prop::sample::select(significant));
+        (base, prop::collection::vec(edit, 1..4)).prop_map(|(text, edits)| {
+            let mut chars: Vec<char> = text.chars().collect();
+            for (kind, at, c) in edits {
+                let n = chars.len();
+                match kind {
+                    0 if n > 0 => {
+                        chars.remove(at.index(n));
+                    }
+                    1 if n > 0 => chars[at.index(n)] = c,
+                    _ => chars.insert(at.index(n + 1), c),
+                }
+            }
+            chars.into_iter().collect()
+        })
+    }
+
     /// Whatever the fast path takes, serde_json reads as the same value;
     /// and the decoder gives exactly serde_json's answer.
     fn agrees<T: DeserializeOwned + PartialEq + std::fmt::Debug + 'static>(text: &str) -> Result<bool, TestCaseError> {
@@ -547,6 +562,19 @@ mod tests {
             if let (Some(fast), Ok(slow)) = (from_slice::<f64>(text.as_bytes()), serde_json::from_str::<f64>(&text)) {
                 prop_assert_eq!(fast.to_bits(), slow.to_bits(), "{}", text);
             }
+        }
+
+        #[test]
+        fn edited_values_agree_with_serde_json(text in edited(value())) {
+            agrees::<serde_json::Value>(&text)?;
+            agrees::<Vec<f64>>(&text)?;
+            agrees::<BTreeMap<String, i64>>(&text)?;
+        }
+
+        #[test]
+        fn edited_records_agree_with_serde_json(text in edited(record())) {
+            agrees::<Rec>(&text)?;
+            agrees::<Strict>(&text)?;
         }
 
         #[test]

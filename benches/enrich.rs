@@ -135,6 +135,7 @@ fn run(case: Case, workers: usize, records: u64, service: &Service) -> f64 {
                         window: Duration::from_secs(3600),
                         open_for: Duration::from_secs(3600),
                         probes: 1,
+                        ..BreakerConfig::default()
                     };
                     let options = AsyncOptions::new("Down").capacity(64).breaker(config);
                     let enriched =

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use highwater::enrich::{AsyncOptions, Backoff, BreakerConfig, EnrichAsync, Failed};
+use highwater::enrich::{AsyncOptions, Backoff, BreakerConfig, EnrichAsync, Failed, SlowCalls};
 use highwater::prelude::*;
 use highwater::source::MemorySource;
 use highwater::{Job, Timestamp};
@@ -322,8 +322,13 @@ fn the_breaker_opens_on_a_down_service_and_closes_when_it_is_back() {
         missing: never,
     });
     service.down.store(true, Ordering::SeqCst);
-    let config =
-        BreakerConfig { failures: 3, window: Duration::from_secs(10), open_for: Duration::from_millis(200), probes: 1 };
+    let config = BreakerConfig {
+        failures: 3,
+        window: Duration::from_secs(10),
+        open_for: Duration::from_millis(200),
+        probes: 1,
+        ..BreakerConfig::default()
+    };
     let options = AsyncOptions::new("Guarded").capacity(4).timeout(Duration::from_secs(1)).breaker(config);
     let addr = service.addr;
     let log: Arc<Mutex<Vec<(u64, bool, u32)>>> = Arc::default();
@@ -377,6 +382,86 @@ fn the_breaker_opens_on_a_down_service_and_closes_when_it_is_back() {
     let answered_late = (200..240).filter(|id| outcome[id].0).count();
     assert_eq!(answered_late, 40, "the service is back: {:?}", &log[log.len() - 40..]);
     assert!(service.requests() >= 40);
+}
+
+/// Records through a breaker around a service that answers ids below 100
+/// after 60 ms and the rest at once, one record every 5 ms: each record's
+/// (answered, attempts), and the breaker's openings, closings and
+/// rejections.
+fn through_a_breaker(config: BreakerConfig) -> (BTreeMap<u64, (bool, u32)>, u64, u64, u64) {
+    let service = Service::start(Rules {
+        latency_ms: |id, _| if id < 100 { 60 } else { 0 },
+        seed: 0,
+        fail_first: none,
+        hang: never_hangs,
+        hang_secs: 0,
+        missing: never,
+    });
+    let options = AsyncOptions::new("Slow").capacity(4).timeout(Duration::from_secs(2)).breaker(config);
+    let addr = service.addr;
+    let log: Arc<Mutex<BTreeMap<u64, (bool, u32)>>> = Arc::default();
+    let into = Arc::clone(&log);
+    let (opened, closed, rejected) = timely::execute_directly(move |worker| {
+        let (mut input, probe, counters) = worker.dataflow::<Timestamp, _, _>(|scope| {
+            use timely::dataflow::operators::{Input, Probe};
+            let (input, stream) = scope.new_input::<Vec<(u64, Timestamp, i64)>>();
+            let enriched = EventStream::new(stream).enrich_async(options, lookup(addr));
+            let (r, f) = (Arc::clone(&into), into);
+            enriched
+                .results
+                .inspect(move |((id, _), _, _)| assert!(r.lock().unwrap().insert(*id, (true, 1)).is_none()));
+            enriched.failures.inspect(move |(failed, _, _)| {
+                assert!(f.lock().unwrap().insert(failed.record, (false, failed.attempts)).is_none())
+            });
+            let (probe, _) = enriched.results.concat(&enriched.failures.map(|f| (f.record, f.reason))).inner.probe();
+            (input, probe, enriched.counters)
+        });
+        for id in 0..200u64 {
+            input.send((id, id, 1));
+            input.advance_to(id + 1);
+            let until = Instant::now() + Duration::from_millis(5);
+            while Instant::now() < until {
+                worker.step_or_park(Some(Duration::from_millis(1)));
+            }
+        }
+        input.close();
+        while !probe.done() {
+            worker.step_or_park(Some(Duration::from_millis(1)));
+        }
+        (counters.breaker_opened.get(), counters.breaker_closed.get(), counters.rejected.get())
+    });
+    let log = log.lock().unwrap().clone();
+    (log, opened, closed, rejected)
+}
+
+#[test]
+fn slow_calls_open_the_breaker_and_fast_probes_close_it() {
+    let slow = SlowCalls { longer_than: Duration::from_millis(30), rate: 0.5 };
+    let config = BreakerConfig {
+        failures: u32::MAX,
+        window: Duration::from_secs(10),
+        open_for: Duration::from_millis(200),
+        probes: 1,
+        slow_calls: Some(slow),
+        minimum_calls: 4,
+        ..BreakerConfig::default()
+    };
+    let (log, opened, closed, rejected) = through_a_breaker(config);
+    assert_eq!(log.len(), 200, "every record once");
+    // Four slow calls (the capacity) open it; the calls already admitted
+    // still answer; then a probe every 200 ms is slow and opens it again.
+    assert!(opened >= 1, "the breaker opened");
+    let slow_answered = log.range(..100).filter(|(_, (ok, _))| *ok).count();
+    assert!(slow_answered <= 16, "calls stop once it is open: {slow_answered} slow ids answered");
+    assert!(rejected >= 60, "records fail fast while it is open: {rejected}");
+    assert!(log.range(..100).filter(|(_, (ok, a))| !ok && *a == 0).count() >= 60, "without a call");
+    // Fast again: a probe closes it, and the records after are answered.
+    assert!(closed >= 1, "the breaker closed");
+    assert!(log.range(160..).all(|(_, (ok, _))| *ok), "answered once the calls are fast: {log:?}");
+    // The same breaker without the slow-call rule never opens.
+    let (log, opened, _, rejected) = through_a_breaker(BreakerConfig { slow_calls: None, ..config });
+    assert_eq!((opened, rejected), (0, 0));
+    assert!(log.values().all(|(ok, _)| *ok), "every record answered");
 }
 
 #[test]

@@ -14,7 +14,7 @@ pub mod retry;
 #[cfg(feature = "enrich")]
 pub mod runtime;
 
-pub use breaker::{Admission, BreakerConfig, BreakerState, CircuitBreaker};
+pub use breaker::{Admission, BreakerConfig, BreakerState, CircuitBreaker, SlowCalls};
 #[cfg(feature = "enrich")]
 pub use operator::{AsyncOptions, EnrichAsync, EnrichCounters, Enriched, Failed};
 pub use retry::Backoff;

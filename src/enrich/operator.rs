@@ -224,8 +224,9 @@ impl SharedBreaker {
         self.update(|b| b.admit(now))
     }
 
-    fn outcome(&self, ok: bool, now: Instant) {
-        self.update(|b| if ok { b.success(now) } else { b.failure(now) });
+    /// A call that took `took` ended at `now`, successfully or not.
+    fn outcome(&self, ok: bool, now: Instant, took: Duration) {
+        self.update(|b| b.outcome(now, took, ok));
     }
 
     fn update<R>(&self, f: impl FnOnce(&mut CircuitBreaker) -> R) -> R {
@@ -519,10 +520,11 @@ async fn attempts<D: Clone, O, E: Display, F: Fn(D) -> Fut, Fut: Future<Output =
     loop {
         made += 1;
         counters.calls.add(1);
+        let started = Instant::now();
         let reason = match tokio::time::timeout(timeout, (calls.call)(record.clone())).await {
             Ok(Ok(o)) => {
                 if let Some(b) = breaker {
-                    b.outcome(true, Instant::now());
+                    b.outcome(true, Instant::now(), started.elapsed());
                 }
                 return Ok(o);
             }
@@ -530,7 +532,7 @@ async fn attempts<D: Clone, O, E: Display, F: Fn(D) -> Fut, Fut: Future<Output =
                 let reason = e.to_string();
                 if calls.permanent.as_ref().is_some_and(|p| p(&reason)) {
                     if let Some(b) = breaker {
-                        b.outcome(true, Instant::now());
+                        b.outcome(true, Instant::now(), started.elapsed());
                     }
                     return Err((reason, made));
                 }
@@ -542,7 +544,7 @@ async fn attempts<D: Clone, O, E: Display, F: Fn(D) -> Fut, Fut: Future<Output =
             }
         };
         if let Some(b) = breaker {
-            b.outcome(false, Instant::now());
+            b.outcome(false, Instant::now(), started.elapsed());
         }
         let Some(wait) = retry.as_mut().and_then(Backoff::next_wait) else {
             return Err((reason, made));

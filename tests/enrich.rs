@@ -330,45 +330,16 @@ fn the_breaker_opens_on_a_down_service_and_closes_when_it_is_back() {
         ..BreakerConfig::default()
     };
     let options = AsyncOptions::new("Guarded").capacity(4).timeout(Duration::from_secs(1)).breaker(config);
-    let addr = service.addr;
-    let log: Arc<Mutex<Vec<(u64, bool, u32)>>> = Arc::default();
-    let into = Arc::clone(&log);
-    let down = Arc::clone(&service.down);
-    let requests = Arc::clone(&service.requests);
-    let (opened, closed, rejected, down_requests) = timely::execute_directly(move |worker| {
-        let (mut input, probe, counters) = worker.dataflow::<Timestamp, _, _>(|scope| {
-            use timely::dataflow::operators::{Input, Probe};
-            let (input, stream) = scope.new_input::<Vec<(u64, Timestamp, i64)>>();
-            let enriched = EventStream::new(stream).enrich_async(options, lookup(addr));
-            let (r, f) = (Arc::clone(&into), into);
-            enriched.results.inspect(move |((id, _), _, _)| r.lock().unwrap().push((*id, true, 1)));
-            enriched
-                .failures
-                .inspect(move |(failed, _, _)| f.lock().unwrap().push((failed.record, false, failed.attempts)));
-            let (probe, _) = enriched.results.concat(&enriched.failures.map(|f| (f.record, f.reason))).inner.probe();
-            (input, probe, enriched.counters)
-        });
-        // One record every 5 ms: 0.6 s with the service down, then 0.6 s with it up.
-        let mut down_requests = 0;
-        for id in 0..240u64 {
-            if id == 120 {
-                down_requests = requests.lock().unwrap().values().sum::<u32>();
-                down.store(false, Ordering::SeqCst);
-            }
-            input.send((id, id, 1));
-            input.advance_to(id + 1);
-            let until = Instant::now() + Duration::from_millis(5);
-            while Instant::now() < until {
-                worker.step_or_park(Some(Duration::from_millis(1)));
-            }
+    // 0.6 s with the service down, then 0.6 s with it up.
+    let down_requests = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let (down, requests, seen) = (Arc::clone(&service.down), Arc::clone(&service.requests), Arc::clone(&down_requests));
+    let (log, opened, closed, rejected) = paced(service.addr, options, 240, move |id| {
+        if id == 120 {
+            seen.store(requests.lock().unwrap().values().sum::<u32>(), Ordering::SeqCst);
+            down.store(false, Ordering::SeqCst);
         }
-        input.close();
-        while !probe.done() {
-            worker.step_or_park(Some(Duration::from_millis(1)));
-        }
-        (counters.breaker_opened.get(), counters.breaker_closed.get(), counters.rejected.get(), down_requests)
     });
-    let log = log.lock().unwrap().clone();
+    let down_requests = down_requests.load(Ordering::SeqCst);
     let outcome: BTreeMap<u64, (bool, u32)> = log.iter().map(|(id, ok, a)| (*id, (*ok, *a))).collect();
     assert_eq!(outcome.len(), 240, "every record once: {log:?}");
     // Down for 0.6 s: 3 failures open it (with at most the capacity's calls
@@ -384,22 +355,17 @@ fn the_breaker_opens_on_a_down_service_and_closes_when_it_is_back() {
     assert!(service.requests() >= 40);
 }
 
-/// Records through a breaker around a service that answers ids below 150
-/// after 100 ms and the rest at once, one record every 5 ms: each record's
-/// (answered, attempts), and the breaker's openings, closings and
-/// rejections.
-fn through_a_breaker(config: BreakerConfig) -> (BTreeMap<u64, (bool, u32)>, u64, u64, u64) {
-    let service = Service::start(Rules {
-        latency_ms: |id, _| if id < 150 { 100 } else { 0 },
-        seed: 0,
-        fail_first: none,
-        hang: never_hangs,
-        hang_secs: 0,
-        missing: never,
-    });
-    let options = AsyncOptions::new("Slow").capacity(4).timeout(Duration::from_secs(2)).breaker(config);
-    let addr = service.addr;
-    let log: Arc<Mutex<BTreeMap<u64, (bool, u32)>>> = Arc::default();
+/// Records `0..n` through `enrich_async` with `options` and [`lookup`] at
+/// `addr`, one every 5 ms, `before(id)` called before each is sent: every
+/// outcome as it came (id, answered, attempts), and the breaker's
+/// openings, closings and rejections.
+fn paced(
+    addr: std::net::SocketAddr,
+    options: AsyncOptions,
+    n: u64,
+    before: impl Fn(u64) + Send + Sync + 'static,
+) -> (Vec<(u64, bool, u32)>, u64, u64, u64) {
+    let log: Arc<Mutex<Vec<(u64, bool, u32)>>> = Arc::default();
     let into = Arc::clone(&log);
     let (opened, closed, rejected) = timely::execute_directly(move |worker| {
         let (mut input, probe, counters) = worker.dataflow::<Timestamp, _, _>(|scope| {
@@ -407,16 +373,15 @@ fn through_a_breaker(config: BreakerConfig) -> (BTreeMap<u64, (bool, u32)>, u64,
             let (input, stream) = scope.new_input::<Vec<(u64, Timestamp, i64)>>();
             let enriched = EventStream::new(stream).enrich_async(options, lookup(addr));
             let (r, f) = (Arc::clone(&into), into);
+            enriched.results.inspect(move |((id, _), _, _)| r.lock().unwrap().push((*id, true, 1)));
             enriched
-                .results
-                .inspect(move |((id, _), _, _)| assert!(r.lock().unwrap().insert(*id, (true, 1)).is_none()));
-            enriched.failures.inspect(move |(failed, _, _)| {
-                assert!(f.lock().unwrap().insert(failed.record, (false, failed.attempts)).is_none())
-            });
+                .failures
+                .inspect(move |(failed, _, _)| f.lock().unwrap().push((failed.record, false, failed.attempts)));
             let (probe, _) = enriched.results.concat(&enriched.failures.map(|f| (f.record, f.reason))).inner.probe();
             (input, probe, enriched.counters)
         });
-        for id in 0..260u64 {
+        for id in 0..n {
+            before(id);
             input.send((id, id, 1));
             input.advance_to(id + 1);
             let until = Instant::now() + Duration::from_millis(5);
@@ -432,6 +397,26 @@ fn through_a_breaker(config: BreakerConfig) -> (BTreeMap<u64, (bool, u32)>, u64,
     });
     let log = log.lock().unwrap().clone();
     (log, opened, closed, rejected)
+}
+
+/// [`paced`] through a breaker around a service that answers ids below 150
+/// after 100 ms and the rest at once, 260 records: each record's outcome
+/// (answered, attempts), each record once, and the breaker's openings,
+/// closings and rejections.
+fn through_a_breaker(config: BreakerConfig) -> (BTreeMap<u64, (bool, u32)>, u64, u64, u64) {
+    let service = Service::start(Rules {
+        latency_ms: |id, _| if id < 150 { 100 } else { 0 },
+        seed: 0,
+        fail_first: none,
+        hang: never_hangs,
+        hang_secs: 0,
+        missing: never,
+    });
+    let options = AsyncOptions::new("Slow").capacity(4).timeout(Duration::from_secs(2)).breaker(config);
+    let (log, opened, closed, rejected) = paced(service.addr, options, 260, |_| {});
+    let outcome: BTreeMap<u64, (bool, u32)> = log.iter().map(|(id, ok, a)| (*id, (*ok, *a))).collect();
+    assert_eq!(outcome.len(), log.len(), "each record once: {log:?}");
+    (outcome, opened, closed, rejected)
 }
 
 #[test]

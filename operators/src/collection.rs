@@ -158,9 +158,24 @@ fn checkpointed<'scope, D: Data>(
         managed.restore(|state, time, entries| {
             let before = time.saturating_sub(1);
             let mut failed = None;
-            entries.for_each(|(at, record, diff)| {
-                match decode(&record) {
-                    Ok(d) => replay.push((d, at.unwrap_or(before), diff)),
+            entries.for_each(|(at, mut record, diff)| {
+                match decode::<D>(&record) {
+                    Ok(d) => {
+                        // A record of an older checkpoint's encoding is kept in
+                        // this build's, so that updates of it net out.
+                        if crate::checkpoint::reading_encoding() != crate::checkpoint::StateEncoding::Tagged {
+                            match encode(&d) {
+                                Ok(bytes) => record = bytes,
+                                Err(e) => {
+                                    failed.get_or_insert(StateError::Encode {
+                                        schema: Accumulation::SCHEMA,
+                                        reason: e.to_string(),
+                                    });
+                                }
+                            }
+                        }
+                        replay.push((d, at.unwrap_or(before), diff));
+                    }
                     Err(e) => {
                         failed
                             .get_or_insert(StateError::Decode { schema: Accumulation::SCHEMA, reason: e.to_string() });

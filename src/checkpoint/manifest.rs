@@ -5,11 +5,19 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::CheckpointError;
-use crate::operators::checkpoint::{CheckpointId, Schema};
+use crate::operators::checkpoint::{CheckpointId, Schema, StateEncoding};
 use crate::operators::{Timestamp, END_OF_TIME};
 use crate::source::Offset;
 
 /// The version of the checkpoint format this build writes and reads.
+///
+/// Version 5: operator state is in the self-describing state encoding
+/// (`highwater_operators::checkpoint::codec`), in which every serde type
+/// that round-trips restores (`Decimal`, `serde_json::Value`, untagged
+/// enums, ...); versions 3 and 4 (postcard) are still read, their entries
+/// and database files decoded as postcard ([`Manifest::state_encoding`]).
+/// A build that reads only version 4 would misread the entries, so the
+/// version changed.
 ///
 /// Version 4: a shard may list database checkpoints
 /// ([`ShardInfo::databases`], incremental checkpoints of the RocksDB state
@@ -21,7 +29,7 @@ use crate::source::Offset;
 /// ([`shard`](super::shard)), no longer a RocksDB database. Version 2 added
 /// postcard-encoded entries and every operator's state schema
 /// ([`Manifest::schemas`]). Older versions are not read.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 
 /// The oldest version this build reads.
 pub const OLDEST_READ_VERSION: u32 = 3;
@@ -67,6 +75,16 @@ impl Manifest {
     /// Whether the checkpoint was taken when every source was exhausted.
     pub fn is_final(&self) -> bool {
         self.time == END_OF_TIME
+    }
+
+    /// How the values of its operator state are encoded: postcard before
+    /// format 5, the self-describing state encoding since.
+    pub fn state_encoding(&self) -> StateEncoding {
+        if self.format_version < 5 {
+            StateEncoding::Postcard
+        } else {
+            StateEncoding::Tagged
+        }
     }
 
     /// The manifest as file contents: a header line with a CRC-32 of the JSON body.

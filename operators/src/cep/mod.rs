@@ -346,8 +346,9 @@ impl<'scope, E: Data + Sync> EventStream<'scope, E> {
         KF: Fn(&E) -> K + 'static,
     {
         // Outputs are compared by their encoding, so events need no `PartialEq`.
-        let same: SameOutput<K, E> =
-            Rc::new(|a, b| postcard::to_allocvec(a).ok().is_some_and(|a| postcard::to_allocvec(b).ok() == Some(a)));
+        let same: SameOutput<K, E> = Rc::new(|a, b| {
+            crate::checkpoint::encode(a).ok().is_some_and(|a| crate::checkpoint::encode(b).ok() == Some(a))
+        });
         let lateness = (lateness.0 > 0).then_some((lateness.0, same));
         pattern.validate()?;
         let matcher = Matcher::new(pattern);

@@ -33,6 +33,7 @@
 //! checkpointed report themselves ([`StateStore::unsupported`]) so that the
 //! runtime refuses to start a checkpointed job it could not restore.
 
+pub mod codec;
 mod gate;
 pub mod memory;
 
@@ -214,6 +215,23 @@ pub enum StateError {
         /// The encoder's message.
         reason: String,
     },
+    /// A value of the operator's state does not read back what it wrote
+    /// (checked when a checkpoint is written, so that it fails then, not
+    /// at the recovery that would read it).
+    #[error(
+        "state of type `{type_name}` ({schema}) does not read back from the state encoding: {reason}; its \
+         Deserialize does not read what its Serialize writes, so a checkpoint of it could not be restored: \
+         make the two agree (a round trip through serde_json shows it), or keep the value out of the \
+         operator's state"
+    )]
+    ReadBack {
+        /// The operator's schema.
+        schema: Schema,
+        /// The Rust type that does not read back.
+        type_name: String,
+        /// The decoder's message.
+        reason: String,
+    },
     /// The state backend failed to keep the operator's state (a value that
     /// does not encode on it, or a stored value that no longer decodes).
     #[error("the state backend of {schema} failed: {reason}")]
@@ -271,6 +289,10 @@ impl std::fmt::Display for Schema {
 #[derive(Clone, Debug, Default)]
 pub struct Restored {
     chunks: Vec<std::sync::Arc<Vec<u8>>>,
+    /// How the values of `chunks` are encoded (the checkpoint's format).
+    encoding: StateEncoding,
+    /// Chunks added since ([`with_chunk`](Self::with_chunk)), in this build's encoding.
+    added: Vec<std::sync::Arc<Vec<u8>>>,
     worker: u64,
     workers: u64,
     /// The schema the entries were written under, if the checkpoint says.
@@ -280,7 +302,26 @@ pub struct Restored {
 impl Restored {
     /// The entries of `chunks` that fall on `worker` of `workers`.
     pub fn new(chunks: Vec<std::sync::Arc<Vec<u8>>>, worker: usize, workers: usize) -> Self {
-        Restored { chunks, worker: worker as u64, workers: workers.max(1) as u64, schema: None }
+        Restored {
+            chunks,
+            encoding: StateEncoding::Tagged,
+            added: Vec::new(),
+            worker: worker as u64,
+            workers: workers.max(1) as u64,
+            schema: None,
+        }
+    }
+
+    /// The same entries, their values encoded in `encoding` (that of the
+    /// checkpoint they come from).
+    pub fn with_encoding(mut self, encoding: StateEncoding) -> Self {
+        self.encoding = encoding;
+        self
+    }
+
+    /// How the values of the checkpoint's chunks are encoded.
+    pub fn encoding(&self) -> StateEncoding {
+        self.encoding
     }
 
     /// The same entries, written under `schema`.
@@ -291,8 +332,9 @@ impl Restored {
 
     /// The same entries and those of `chunk` (a chunk as [`encode_chunk`]
     /// writes it, e.g. of entries read from a database checkpoint).
+    /// The chunk's values are in this build's encoding ([`encode`]).
     pub fn with_chunk(mut self, chunk: Vec<u8>) -> Self {
-        self.chunks.push(std::sync::Arc::new(chunk));
+        self.added.push(std::sync::Arc::new(chunk));
         self
     }
 
@@ -308,14 +350,21 @@ impl Restored {
 
     /// Calls `each(routing hash, bytes)` for every entry of this worker, in
     /// the order they were written; stops at the first damaged chunk.
+    /// [`decode`] reads each entry's encoding while `each` runs ([`reading`]).
     pub fn try_for_each(&self, mut each: impl FnMut(u64, &[u8])) -> Result<(), StateError> {
-        for chunk in &self.chunks {
-            for entry in chunk_entries(chunk) {
-                let (route, bytes) = entry?;
-                if route % self.workers.max(1) == self.worker {
-                    each(route, bytes);
+        let parts = [(&self.chunks, self.encoding), (&self.added, StateEncoding::Tagged)];
+        for (chunks, encoding) in parts {
+            reading(encoding, || {
+                for chunk in chunks {
+                    for entry in chunk_entries(chunk) {
+                        let (route, bytes) = entry?;
+                        if route % self.workers.max(1) == self.worker {
+                            each(route, bytes);
+                        }
+                    }
                 }
-            }
+                Ok(())
+            })?;
         }
         Ok(())
     }
@@ -444,26 +493,140 @@ pub fn store(scope: &timely::dataflow::Scope<'_, Timestamp>) -> Option<Rc<dyn St
     runtime(scope).map(|r| r.worker(scope.index()))
 }
 
-/// Encodes a piece of state for an [`Entry`] with postcard (see the
-/// `postcard` entry of the workspace's Cargo.toml for why).
-pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, postcard::Error> {
-    postcard::to_allocvec(value)
+/// How the values of a checkpoint's entries are encoded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StateEncoding {
+    /// The self-describing state encoding ([`codec`]): checkpoints of format
+    /// 5 and later, and every value the backends keep as bytes.
+    #[default]
+    Tagged,
+    /// postcard: checkpoints before format 5, read for their recovery
+    /// (types that need a self-describing format never restored from them).
+    Postcard,
 }
 
-/// Decodes a piece of state written by [`encode`]; trailing bytes are an error.
-pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, postcard::Error> {
-    let (value, rest) = postcard::take_from_bytes(bytes)?;
-    if rest.is_empty() {
-        Ok(value)
-    } else {
-        Err(postcard::Error::DeserializeBadEncoding)
+thread_local! {
+    /// The encoding [`decode`] reads on this thread: the restored chunk's,
+    /// while an operator restores it (see [`Restored::try_for_each`]).
+    static READING: Cell<StateEncoding> = const { Cell::new(StateEncoding::Tagged) };
+    /// The encoding of the values a state backend reads on this thread: an
+    /// older checkpoint's database files', while they are read
+    /// ([`reading_stored`]); the backends' own values are always [`encode`]'s.
+    static STORED: Cell<StateEncoding> = const { Cell::new(StateEncoding::Tagged) };
+}
+
+/// `f` with `cell` set to `encoding`, and back.
+fn with_encoding<R>(
+    cell: &'static std::thread::LocalKey<Cell<StateEncoding>>,
+    encoding: StateEncoding,
+    f: impl FnOnce() -> R,
+) -> R {
+    struct Reset(&'static std::thread::LocalKey<Cell<StateEncoding>>, StateEncoding);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            self.0.with(|r| r.set(self.1));
+        }
+    }
+    let _reset = Reset(cell, cell.with(|r| r.replace(encoding)));
+    f()
+}
+
+/// Runs `f` with [`decode`] (and [`encode_restoring`]) on this thread in
+/// `encoding`: how the entries of an older checkpoint are read.
+pub fn reading<R>(encoding: StateEncoding, f: impl FnOnce() -> R) -> R {
+    with_encoding(&READING, encoding, f)
+}
+
+/// Runs `f` with the state backends on this thread reading stored values
+/// in `encoding`: how an older checkpoint's database files are read.
+pub fn reading_stored<R>(encoding: StateEncoding, f: impl FnOnce() -> R) -> R {
+    with_encoding(&STORED, encoding, f)
+}
+
+/// Decodes a value a state backend stored (with [`encode`]; in an older
+/// checkpoint's database files, as [`reading_stored`] says).
+pub(crate) fn decode_stored<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, EncodingError> {
+    decode_in(STORED.with(Cell::get), bytes)
+}
+
+/// The encoding [`decode`] reads on this thread now.
+pub fn reading_encoding() -> StateEncoding {
+    READING.with(Cell::get)
+}
+
+/// A piece of state that does not encode or decode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct EncodingError(String);
+
+impl From<codec::CodecError> for EncodingError {
+    fn from(e: codec::CodecError) -> Self {
+        EncodingError(e.0)
+    }
+}
+
+impl From<postcard::Error> for EncodingError {
+    fn from(e: postcard::Error) -> Self {
+        EncodingError(format!("{e} (postcard, a checkpoint before format 5)"))
+    }
+}
+
+/// Encodes a piece of state for an [`Entry`] (or a backend's stored value)
+/// in the state encoding ([`codec`]: self-describing, so every type that
+/// round-trips through serde restores; see the `state encoding` entry of
+/// the workspace's Cargo.toml for why).
+pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, EncodingError> {
+    Ok(codec::to_vec(value)?)
+}
+
+/// Encodes as [`decode`] reads on this thread now: for a migration that
+/// writes what the restoring operator decodes next (an older checkpoint's
+/// entry re-encoded within its restore).
+pub fn encode_restoring<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, EncodingError> {
+    match reading_encoding() {
+        StateEncoding::Tagged => encode(value),
+        StateEncoding::Postcard => Ok(postcard::to_allocvec(value)?),
+    }
+}
+
+/// Decodes a piece of state written by [`encode`]; trailing bytes are an
+/// error. While an operator restores an older checkpoint's entries
+/// ([`reading`]), it reads their encoding (postcard) instead.
+pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, EncodingError> {
+    decode_in(reading_encoding(), bytes)
+}
+
+/// Decodes `bytes`, one value in `encoding`; trailing bytes are an error.
+pub fn decode_in<T: serde::de::DeserializeOwned>(encoding: StateEncoding, bytes: &[u8]) -> Result<T, EncodingError> {
+    match encoding {
+        StateEncoding::Tagged => Ok(codec::from_slice(bytes)?),
+        StateEncoding::Postcard => {
+            let (value, rest) = postcard::take_from_bytes(bytes)?;
+            if rest.is_empty() {
+                Ok(value)
+            } else {
+                Err(postcard::Error::DeserializeBadEncoding.into())
+            }
+        }
     }
 }
 
 /// Decodes the first value of an entry written by [`encode`] (e.g. the
 /// leading field of a tuple), ignoring the rest.
-pub fn decode_prefix<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, postcard::Error> {
-    postcard::take_from_bytes(bytes).map(|(value, _)| value)
+pub fn decode_prefix<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, EncodingError> {
+    match reading_encoding() {
+        StateEncoding::Tagged => {
+            // A tuple's leading field: the tuple's tag and count come first.
+            let mut decoder = bytes;
+            if let Some((&tag, rest)) = decoder.split_first() {
+                if codec::is_sequence(tag) {
+                    decoder = codec::skip_count(rest)?;
+                }
+            }
+            Ok(codec::take_from_slice(decoder)?.0)
+        }
+        StateEncoding::Postcard => Ok(postcard::take_from_bytes(bytes).map(|(value, _)| value)?),
+    }
 }
 
 /// What a gate and its operator share.

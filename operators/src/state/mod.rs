@@ -183,6 +183,11 @@ impl Snapshot {
         }
     }
 
+    /// Fails the snapshot with `error` (see [`fail`](Self::fail)).
+    pub fn fail_with(&mut self, error: StateError) {
+        self.error.get_or_insert(error);
+    }
+
     /// The entries, or the first value that did not encode.
     pub(crate) fn finish(self) -> Result<Vec<Entry>, StateError> {
         match self.error {

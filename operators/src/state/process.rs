@@ -296,18 +296,31 @@ impl<K: Key, D: 'static, P: KeyedProcess<K, D>, T: Stamp> OperatorState for Proc
     fn snapshot(&self, (): (), out: &mut Snapshot) {
         out.reserve(self.keys.len());
         let mut failed = None;
+        let mut checked = 0usize;
         self.keys.for_each(|k, entry| {
             let state = match entry.state.as_ref().map(crate::checkpoint::encode).transpose() {
                 Ok(state) => state,
                 Err(e) => {
-                    failed.get_or_insert(e);
+                    failed.get_or_insert(StateError::Encode { schema: P::SCHEMA, reason: e.to_string() });
                     None
                 }
             };
+            // The user's state is bytes inside the entry: a sample of it
+            // must read back as its type (see `reads_back`).
+            if let Some(bytes) = state.as_deref().filter(|_| checked < 8 || checked % 1024 == 0) {
+                if let Err(e) = crate::checkpoint::decode::<P::State>(bytes) {
+                    failed.get_or_insert(StateError::ReadBack {
+                        schema: P::SCHEMA,
+                        type_name: std::any::type_name::<P::State>().to_owned(),
+                        reason: e.to_string(),
+                    });
+                }
+            }
+            checked += 1;
             out.push(route(k), &(k, &entry.timers, state, &entry.stamp));
         });
         if let Some(e) = failed {
-            out.fail(e);
+            out.fail_with(e);
         }
     }
 
@@ -318,8 +331,9 @@ impl<K: Key, D: 'static, P: KeyedProcess<K, D>, T: Stamp> OperatorState for Proc
             Some(bytes) => Some(P::migrate(version, &bytes)?),
             None => None,
         };
+        // Decoded next by the restore, in the encoding it reads.
         let state = state
-            .map(|s| crate::checkpoint::encode(&s))
+            .map(|s| crate::checkpoint::encode_restoring(&s))
             .transpose()
             .map_err(|e| StateError::Encode { schema: P::SCHEMA, reason: e.to_string() })?;
         Ok((k, timers, state, stamp))

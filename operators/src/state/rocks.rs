@@ -389,9 +389,11 @@ impl OperatorDb {
                 let inner = kb.get(1..kb.len().saturating_sub(8).max(1)).unwrap_or_default();
                 super::keycode::decode(inner).map_err(|e| e.to_string())
             }
-            KeyLayout::RouteFirst => {
-                crate::checkpoint::decode::<K>(kb.get(9..).unwrap_or_default()).map_err(|e| e.to_string())
-            }
+            KeyLayout::RouteFirst => crate::checkpoint::decode_in::<K>(
+                crate::checkpoint::StateEncoding::Postcard,
+                kb.get(9..).unwrap_or_default(),
+            )
+            .map_err(|e| e.to_string()),
         }
     }
 
@@ -470,7 +472,15 @@ pub struct RocksDbState<K, V> {
     /// [`KNOWN_AT_MOST`], then forgotten at once): an append to one is not
     /// a new key, so only the others are looked up to count keys.
     known: rustc_hash::FxHashSet<Vec<u8>>,
+    /// Keys written so far: the first [`KEYS_CHECKED`] and one in
+    /// [`KEYS_CHECKED_EVERY`] after them are read back (see `flush`).
+    keys_written: usize,
 }
+
+/// See [`RocksDbState`]'s `keys_written`.
+const KEYS_CHECKED: usize = 8;
+/// See [`KEYS_CHECKED`].
+const KEYS_CHECKED_EVERY: usize = 1024;
 
 /// How many keys a list state remembers as existing ([`RocksDbState`]'s
 /// `known`): about 4 MiB of keys.
@@ -497,6 +507,7 @@ impl<K: Key, V: StateValue> RocksDbState<K, V> {
             cache: StateMap::default(),
             len: 0,
             failed: Mutex::new(None),
+            keys_written: 0,
             appender: None,
             pending: StateMap::default(),
             known: rustc_hash::FxHashSet::default(),
@@ -920,6 +931,25 @@ impl<K: Key, V: StateValue> KeyedStateBackend<K, V> for RocksDbState<K, V> {
                 kept.insert(k, slot);
                 continue;
             };
+            // A sample of the keys must read back from the key encoding
+            // (ordered, not self-describing): a key type that cannot fails
+            // here, when it is written, not when a checkpoint is restored.
+            self.keys_written += 1;
+            if self.keys_written <= KEYS_CHECKED || self.keys_written % KEYS_CHECKED_EVERY == 0 {
+                if let Err(e) = self.db.decode_key::<K>(&kb) {
+                    first_error.get_or_insert_with(|| {
+                        format!(
+                            "a key of type `{}` does not read back from the RocksDB backend's ordered key \
+                             encoding, which is not self-describing: {e} (key {k:?}); key the state by \
+                             integers, strings, tuples, structs or enums of them (a `Decimal` as its string, \
+                             say), or use the memory backend",
+                            std::any::type_name::<K>()
+                        )
+                    });
+                    kept.insert(k, slot);
+                    continue;
+                }
+            }
             match &slot.value {
                 None => batch.delete(kb),
                 Some(v) => match encode_stored(appender.as_ref(), v) {
@@ -956,6 +986,24 @@ mod tests {
     fn temp_config(name: &str) -> RocksDbConfig {
         let dir = std::env::temp_dir().join(format!("highwater-rocks-unit-{name}-{}", std::process::id()));
         RocksDbConfig::new(dir).cache(8 << 20)
+    }
+
+    /// A key type that does not read back from the ordered key encoding
+    /// (`Decimal` asks for a self-describing format) fails the flush that
+    /// writes it, naming the type; values of any serde type are kept.
+    #[test]
+    fn keys_that_do_not_read_back_fail_when_written() {
+        let config = temp_config("keys-read-back");
+        let db = config.open("keys").expect("opens");
+        let mut by_decimal = RocksDbState::<rust_decimal::Decimal, u32>::new(Arc::clone(&db), 0);
+        by_decimal.insert(rust_decimal::Decimal::new(1999, 2), 1);
+        let error = by_decimal.flush().expect_err("a Decimal key cannot be read back");
+        assert!(error.contains("Decimal") && error.contains("memory backend"), "{error}");
+        let mut of_decimal = RocksDbState::<String, rust_decimal::Decimal>::new(db, 1);
+        of_decimal.insert("a".into(), rust_decimal::Decimal::new(1999, 2));
+        of_decimal.flush().expect("values of any serde type");
+        of_decimal.cache.clear();
+        assert_eq!(of_decimal.get(&"a".to_owned()), Some(&rust_decimal::Decimal::new(1999, 2)));
     }
 
     /// The RocksDB backend against a hash map, through random operations
@@ -1155,8 +1203,12 @@ mod tests {
             assert_eq!(db.layout, KeyLayout::RouteFirst);
             let state = RocksDbState::<u64, String>::new(db, 0);
             let mut seen = std::collections::BTreeMap::new();
-            state.for_each(&mut |k, v| {
-                seen.insert(*k, v.clone());
+            // The route-first layout is that of checkpoints before format 5,
+            // whose values are postcard.
+            crate::checkpoint::reading_stored(crate::checkpoint::StateEncoding::Postcard, || {
+                state.for_each(&mut |k, v| {
+                    seen.insert(*k, v.clone());
+                })
             });
             let expected: std::collections::BTreeMap<u64, String> =
                 model.iter().filter(|(k, _)| route(*k) % 2 == worker as u64).map(|(k, v)| (*k, v.clone())).collect();

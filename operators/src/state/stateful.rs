@@ -467,13 +467,13 @@ impl<S: OperatorState> Managed<S> {
         let c = self.checkpointer.as_ref().expect("a cut is due");
         let taken = std::mem::take(&mut self.state);
         let away = match files {
-            Some(files) => {
-                c.snapshot_away(cut, taken, Some(files), move |state: &mut S| snapshot_without_keyed(state, prepared))
-            }
+            Some(files) => c.snapshot_away(cut, taken, Some(files), move |state: &mut S| {
+                snapshot_without_keyed(state, prepared).and_then(reads_back::<S>)
+            }),
             None => c.snapshot_away(cut, taken, None, move |state: &mut S| {
                 let mut out = Snapshot::new(S::SCHEMA);
                 state.snapshot(prepared, &mut out);
-                out.finish()
+                out.finish().and_then(reads_back::<S>)
             }),
         };
         self.away = Some(away);
@@ -524,6 +524,34 @@ impl<S: OperatorState> Managed<S> {
     }
 }
 
+/// How many entries of a snapshot [`reads_back`] decodes: the first ones,
+/// and one in [`CHECK_EVERY`] after them.
+const CHECK_FIRST: usize = 8;
+/// See [`CHECK_FIRST`].
+const CHECK_EVERY: usize = 1024;
+
+/// `entries`, if a sample of them decodes as `S`'s entry type: a state
+/// whose type does not read back what it wrote fails the checkpoint that
+/// writes it (the first), naming the type, instead of the recovery that
+/// would read it. Runs on the background thread that took the snapshot.
+fn reads_back<S: OperatorState>(
+    entries: Vec<crate::checkpoint::Entry>,
+) -> Result<Vec<crate::checkpoint::Entry>, StateError> {
+    for (i, (_, bytes)) in entries.iter().enumerate() {
+        if i >= CHECK_FIRST && i % CHECK_EVERY != 0 {
+            continue;
+        }
+        if let Err(e) = crate::checkpoint::decode_in::<S::Entry>(crate::checkpoint::StateEncoding::Tagged, bytes) {
+            return Err(StateError::ReadBack {
+                schema: S::SCHEMA,
+                type_name: std::any::type_name::<S::Entry>().to_owned(),
+                reason: e.to_string(),
+            });
+        }
+    }
+    Ok(entries)
+}
+
 /// `restored` with the entries of this worker that the database
 /// checkpoints in `dirs` hold for `S` ([`entries_from_database`]).
 fn with_databases<S: OperatorState>(restored: Restored, dirs: &[std::path::PathBuf]) -> Result<Restored, StateError> {
@@ -550,7 +578,10 @@ fn with_databases<S: OperatorState>(restored: Restored, dirs: &[std::path::PathB
         let mut restored = restored;
         for dir in dirs {
             let prepared = S::split_prepared().expect("checked above");
-            let entries = entries_from_database::<S>(dir, prepared, worker, workers)?;
+            // An older checkpoint's files hold its values in its encoding.
+            let entries = crate::checkpoint::reading_stored(restored.encoding(), || {
+                entries_from_database::<S>(dir, prepared, worker, workers)
+            })?;
             restored = restored.with_chunk(crate::checkpoint::encode_chunk(&entries));
         }
         Ok(restored)

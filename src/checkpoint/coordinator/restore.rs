@@ -90,7 +90,7 @@ impl RestoredState {
     pub(super) fn of(&self, operator: &str, worker: usize, peers: usize) -> Restored {
         let chunks = self.entries.get(operator).cloned().unwrap_or_default();
         let schema = self.manifest.schemas.get(operator).cloned();
-        Restored::new(chunks, worker, peers).with_schema(schema)
+        Restored::new(chunks, worker, peers).with_schema(schema).with_encoding(self.manifest.state_encoding())
     }
 }
 

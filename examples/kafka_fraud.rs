@@ -67,7 +67,7 @@ pub fn run(brokers: &str, checkpoint_dir: &str, recover: bool, timely_args: &[St
     fill_if_empty(&config)?;
 
     let program = Arc::new(highwater::cep::compile(RULE)?);
-    let mut checkpoints = CheckpointConfig::new(checkpoint_dir.to_owned()).every(Duration::from_millis(500));
+    let mut checkpoints = CheckpointConfig::new(checkpoint_dir).every(Duration::from_millis(500));
     if recover {
         checkpoints = checkpoints.recovering();
     }

@@ -38,6 +38,28 @@ pub fn config_from_args(args: &[String]) -> Result<timely::Config, ClusterError>
     timely::Config::from_args(args.iter().cloned()).map_err(err)
 }
 
+/// The part of a command line that is timely's: what follows `--`, or
+/// without a `--`, all of it but a leading program name (an argument that
+/// is not a flag).
+///
+/// ```
+/// use highwater::cluster::timely_args;
+/// let line: Vec<String> = ["prog", "--input", "x", "--", "-w", "2"].map(String::from).into();
+/// assert_eq!(timely_args(&line), ["-w", "2"]);
+/// let line: Vec<String> = ["prog", "-w", "2"].map(String::from).into();
+/// assert_eq!(timely_args(&line), ["-w", "2"]);
+/// assert_eq!(timely_args(&line[1..]), ["-w", "2"]);
+/// ```
+pub fn timely_args(args: &[String]) -> &[String] {
+    match args.iter().position(|a| a == "--") {
+        Some(i) => &args[i + 1..],
+        None => match args.first() {
+            Some(first) if !first.starts_with('-') => &args[1..],
+            _ => args,
+        },
+    }
+}
+
 /// The number of workers per process a configuration asks for.
 pub fn threads(config: &timely::Config) -> usize {
     match &config.communication {

@@ -21,7 +21,7 @@
 //! let counts = Collected::default();
 //! let sink = counts.clone();
 //! let report = Job::new(timely::Config::process(2))
-//!     .checkpointed(CheckpointConfig::new(dir.display().to_string()).recovering())
+//!     .checkpointed(CheckpointConfig::new(&dir).recovering())
 //!     .run(move |worker| {
 //!         let sink = sink.clone();
 //!         worker.dataflow(|scope| {
@@ -142,11 +142,25 @@ impl std::fmt::Debug for Job {
     }
 }
 
+/// The timely configuration entry that marks a computation run by a [`Job`].
+const JOB_KEY: &str = "highwater.job";
+
+/// The marker's value.
+#[derive(Clone, Debug)]
+struct InJob;
+
+/// Whether the computation of a worker with `config` runs in a [`Job`]:
+/// misuse messages then name the `Job`'s builder methods.
+pub(crate) fn in_job(config: &timely::WorkerConfig) -> bool {
+    config.get::<InJob>(JOB_KEY).is_some()
+}
+
 impl Job {
     /// A job on the layout `config` describes (`timely::Config::process(n)`,
     /// or a cluster).
     pub fn new(config: timely::Config) -> Self {
         let mut config = config;
+        config.worker.set(JOB_KEY.to_owned(), InJob);
         let in_flight = InFlight::configure(&mut config);
         let alignment = Alignment::configure(&mut config);
         let totals = Totals::default();
@@ -170,9 +184,18 @@ impl Job {
 
     /// A job on the layout timely's arguments describe: `-w` workers per
     /// process, `-n` processes, `-p` this process's index, `-h` a file of
-    /// `host:port` lines.
+    /// `host:port` lines. `args` may be the whole command line
+    /// (`std::env::args()`): timely's arguments are those after `--`, or
+    /// without a `--` all of them but a leading program name
+    /// ([`timely_args`](crate::cluster::timely_args)).
+    ///
+    /// ```
+    /// let args: Vec<String> = ["my-job", "--input", "in.jsonl", "--", "-w", "2"].map(String::from).into();
+    /// let job = highwater::Job::from_args(&args).unwrap();
+    /// # let _ = job;
+    /// ```
     pub fn from_args(args: &[String]) -> Result<Self, ClusterError> {
-        Ok(Job::new(config_from_args(args)?))
+        Ok(Job::new(config_from_args(crate::cluster::timely_args(args))?))
     }
 
     /// Keeps the keyed state of the job's operators on `backend` (memory by

@@ -87,7 +87,7 @@ impl<D> Aggregate<D> for Count {
 /// for sums and averages of prices and amounts: `rust_decimal`'s `Decimal`.
 pub use rust_decimal::Decimal;
 
-/// A number that [`Sum`] and [`Avg`] take: `i64`, `f64` or [`Decimal`].
+/// A number that [`Sum`] and [`Avg`] take: `i64`, `u64`, `f64` or [`Decimal`].
 ///
 /// Integer and decimal sums are exact under retractions (a record inserted
 /// and taken back leaves the sum as it was); `f64` sums are compensated
@@ -121,6 +121,26 @@ impl Number for i64 {
     /// The sum, saturated to `i64`'s range.
     fn total(acc: &i128) -> i64 {
         (*acc).clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+    }
+    fn mean(acc: &i128, count: i64) -> f64 {
+        *acc as f64 / count as f64
+    }
+}
+
+impl Number for u64 {
+    /// Exact, signed so that retractions net out: wide enough for any
+    /// number of `u64` values a job sees (`Count`'s output, say).
+    type Acc = i128;
+    type Mean = f64;
+    fn add(acc: &mut i128, value: u64, diff: Diff) {
+        *acc = acc.wrapping_add(i128::from(value) * i128::from(diff));
+    }
+    fn merge(acc: &mut i128, other: i128) {
+        *acc = acc.wrapping_add(other);
+    }
+    /// The sum, saturated to `u64`'s range (0 while retractions exceed it).
+    fn total(acc: &i128) -> u64 {
+        (*acc).clamp(0, i128::from(u64::MAX)) as u64
     }
     fn mean(acc: &i128, count: i64) -> f64 {
         *acc as f64 / count as f64
@@ -182,7 +202,7 @@ impl Number for Decimal {
     }
 }
 
-/// The sum of a numeric field: `i64`, `f64` or [`Decimal`] (see [`Number`]).
+/// The sum of a numeric field: `i64`, `u64`, `f64` or [`Decimal`] (see [`Number`]).
 ///
 /// ```
 /// use highwater_operators::aggregate::{Aggregate, Decimal, Sum};
@@ -861,6 +881,16 @@ mod tests {
         let ups = [(1, 1), (5, 2), (3, 1), (4, 1)];
         assert_eq!(run(&TopK::of(3, |x: &u64| *x), &ups), Some(vec![5, 5, 4]));
         assert_eq!(run(&TopK::append_only(3, |x: &u64| *x), &ups), Some(vec![5, 5, 4]));
+    }
+
+    #[test]
+    fn sums_of_u64_are_exact_and_net_out() {
+        assert_eq!(
+            run(&Sum::of(|x: &u64| *x), &[(u64::MAX, 1), (u64::MAX, 1), (u64::MAX, -1), (7, 1)]),
+            Some(u64::MAX)
+        );
+        assert_eq!(run(&Sum::of(|x: &u64| *x), &[(3, 2), (3, -1), (4, 1)]), Some(7));
+        assert_eq!(run(&Avg::of(|x: &u64| *x), &[(1, 1), (2, 1)]), Some(1.5));
     }
 
     #[test]

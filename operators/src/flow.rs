@@ -49,6 +49,9 @@ struct Counts {
     /// This process's index and workers (`process · threads ..`).
     process: usize,
     threads: usize,
+    /// Whether exchanged records are serialized (several processes, or
+    /// timely's binary process mode).
+    serializes: bool,
     /// Per process: records sent to its workers, records taken from its
     /// workers, and the records it has reported taking from this process.
     sent_to: Vec<AtomicU64>,
@@ -73,10 +76,16 @@ impl InFlight {
                 (*process, addresses.len(), *threads)
             }
         };
+        let serializes = match &config.communication {
+            timely::CommunicationConfig::ProcessBinary(_) => true,
+            timely::CommunicationConfig::Cluster { addresses, .. } => addresses.len() > 1,
+            _ => false,
+        };
         let per_process = || (0..processes).map(|_| AtomicU64::new(0)).collect::<Vec<_>>();
         let counts = InFlight(Arc::new(Counts {
             process,
             threads: threads.max(1),
+            serializes,
             sent_to: per_process(),
             received_from: per_process(),
             acknowledged: per_process(),
@@ -144,6 +153,12 @@ impl InFlight {
         self.0.reported.store(true, Ordering::Release);
     }
 
+    /// Whether the computation's exchanges serialize records (bincode):
+    /// several processes, or timely's binary process mode.
+    pub fn serializes(&self) -> bool {
+        self.0.serializes
+    }
+
     fn process_of(&self, worker: usize) -> usize {
         worker / self.0.threads
     }
@@ -200,6 +215,21 @@ type Batch<D> = Message<Timestamp, Vec<Update<D>>>;
 #[derive(Debug)]
 pub struct CountedExchange<F>(pub F);
 
+/// Refuses (panics while the dataflow is built, before any record is sent)
+/// a record type that bincode cannot read back ([`crate::wire`]): timely
+/// would panic on its first record on the other side, with no word of the
+/// type. Checked once per type and thread.
+fn refuse_unless_exchangeable<D: Data>() {
+    thread_local! {
+        static CHECKED: std::cell::RefCell<rustc_hash::FxHashSet<std::any::TypeId>> = Default::default();
+    }
+    if CHECKED.with(|c| c.borrow_mut().insert(std::any::TypeId::of::<D>())) {
+        if let Err(e) = crate::wire::wire_check::<D>() {
+            panic!("{e}");
+        }
+    }
+}
+
 /// The pact every operator exchanges its input with: see [`CountedExchange`].
 pub fn exchange<D, F: FnMut(&Update<D>) -> u64 + 'static>(route: F) -> CountedExchange<F> {
     CountedExchange(route)
@@ -221,6 +251,9 @@ where
         logging: Option<TimelyLogger>,
     ) -> (Self::Pusher, Self::Puller) {
         let counts = InFlight::of_worker(worker);
+        if counts.as_ref().is_some_and(InFlight::serializes) {
+            refuse_unless_exchangeable::<D>();
+        }
         let (senders, receiver) = worker.allocate::<Batch<D>>(identifier, address);
         let index = worker.index();
         let senders: Vec<_> = senders

@@ -43,6 +43,7 @@ pub mod table;
 pub mod time;
 pub mod totals;
 pub mod window;
+pub mod wire;
 
 pub use aggregate::Aggregate;
 pub use group::TtlAggregated;

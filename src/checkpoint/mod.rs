@@ -99,9 +99,19 @@ pub struct CheckpointConfig {
 }
 
 impl CheckpointConfig {
-    /// Checkpoints in `location` every second, keeping 3, without recovery.
-    pub fn new(location: impl Into<String>) -> Self {
-        CheckpointConfig { location: location.into(), interval: Duration::from_secs(1), keep: 3, recover: false }
+    /// Checkpoints in `location` every second, keeping 3, without recovery:
+    /// a directory (a `Path`, `PathBuf` or string) or an `s3://bucket/prefix`
+    /// URL.
+    ///
+    /// ```
+    /// use highwater::checkpoint::CheckpointConfig;
+    /// let dir = std::env::temp_dir().join("checkpoints");
+    /// assert_eq!(CheckpointConfig::new(&dir).location, dir.display().to_string());
+    /// assert_eq!(CheckpointConfig::new("s3://bucket/job").location, "s3://bucket/job");
+    /// ```
+    pub fn new(location: impl AsRef<std::path::Path>) -> Self {
+        let location = location.as_ref().to_string_lossy().into_owned();
+        CheckpointConfig { location, interval: Duration::from_secs(1), keep: 3, recover: false }
     }
 
     /// Resumes from the latest complete checkpoint at start, if there is one.
@@ -213,12 +223,26 @@ pub enum CheckpointError {
         state: String,
     },
     /// A part of the dataflow that needs the job's checkpoints (an
-    /// exactly-once sink) was built in a computation configured without them.
+    /// exactly-once sink) was built in a computation configured without
+    /// them; the message names the call that configures them on the API in
+    /// use (`Job::checkpointed`, or `Checkpoints::configure` with
+    /// `timely::execute`).
     #[error(
-        "{0} needs the job's checkpoints, but the timely computation was not configured with any: \
-         call Checkpoints::configure on its timely::Config before timely::execute"
+        "{what} needs the job's checkpoints, but {}",
+        if *job {
+            "the Job has none: call .checkpointed(CheckpointConfig::new(dir)) on the Job before Job::run"
+        } else {
+            "the timely computation was not configured with any: call Checkpoints::configure on its \
+             timely::Config before timely::execute (or run the dataflow with highwater::Job and \
+             Job::checkpointed)"
+        }
     )]
-    NotConfigured(String),
+    NotConfigured {
+        /// What needs them, e.g. `the exactly-once sink counts`.
+        what: String,
+        /// Whether the dataflow runs in a [`Job`](crate::Job).
+        job: bool,
+    },
     /// An exactly-once sink could not pre-commit, commit or abort its output
     /// (e.g. its database refused a statement or could not be reached).
     #[error("sink {sink}: {reason}")]

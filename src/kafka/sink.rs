@@ -209,10 +209,11 @@ impl<T: Data, E: Encode<T>> KafkaSink<T, E> {
                 .map_err(|e| KafkaError::Admin(format!("sink {name}: {e}")))?;
             }
             (None, Some(_)) => {
-                return Err(KafkaError::Admin(format!(
-                    "sink {name}: exactly once needs the job's checkpoints (configure the timely computation \
-                     with Checkpoints::configure), or write at least once"
-                )))
+                let needs = crate::checkpoint::CheckpointError::NotConfigured {
+                    what: format!("sink {name}: exactly once"),
+                    job: crate::job::in_job(stream.scope().worker().config()),
+                };
+                return Err(KafkaError::Admin(format!("{needs}; or write at least once")));
             }
             (None, None) => {}
         }

@@ -474,7 +474,11 @@ pub fn write_postgres(
     let h = handle.clone();
     let worker = stream.scope().index();
     let Some(checkpoints) = Checkpoints::of(&stream.scope()) else {
-        return Err(CheckpointError::NotConfigured(format!("the exactly-once sink {name}")).into());
+        return Err(CheckpointError::NotConfigured {
+            what: format!("the exactly-once sink {name}"),
+            job: crate::job::in_job(stream.scope().worker().config()),
+        }
+        .into());
     };
     let checkpoints = (worker == 0).then_some(checkpoints);
     if let Some(c) = checkpoints.as_ref() {

@@ -321,7 +321,10 @@ impl Checkpoints {
         let configured = crate::operators::checkpoint::runtime_of(worker.config())
             .and_then(|r| r.as_any().downcast_ref::<Checkpoints>().map(|c| Arc::ptr_eq(&c.0, &self.0)));
         if configured != Some(true) {
-            let error = CheckpointError::NotConfigured("the job's dataflow".to_owned());
+            let error = CheckpointError::NotConfigured {
+                what: "the job's dataflow".to_owned(),
+                job: crate::job::in_job(worker.config()),
+            };
             self.0.fail(&mut lock(&self.0.state), error.to_string());
             return Err(error);
         }

@@ -78,9 +78,8 @@ pub fn committed(dir: &Path) -> anyhow::Result<Vec<String>> {
 /// Runs the job in `dir` on the layout `timely_args` describe; returns
 /// whether this run (or an earlier one) wrote the final checkpoint.
 pub fn run(dir: &Path, timely_args: &[String]) -> anyhow::Result<bool> {
-    let checkpoints = CheckpointConfig::new(dir.join("checkpoints"))
-        .every(std::time::Duration::from_millis(100))
-        .recovering();
+    let checkpoints =
+        CheckpointConfig::new(dir.join("checkpoints")).every(std::time::Duration::from_millis(100)).recovering();
     let out = dir.join("out");
     let report = Job::from_args(timely_args)?.checkpointed(checkpoints).run(move |worker| {
         worker.dataflow(|scope| -> anyhow::Result<()> {

@@ -219,6 +219,19 @@ impl Job {
         self
     }
 
+    /// A job-wide allowed lateness (a `Duration`, or milliseconds): every
+    /// operator with a lateness (windows, patterns, upsert tables, as-of,
+    /// interval and window joins) that is not given one of its own
+    /// ([`EventStream::allowed_lateness`](crate::operators::EventStream::allowed_lateness))
+    /// takes records up to `lateness` behind the watermark, as Flink's
+    /// `allowedLateness` on each window would. Later records still go to
+    /// each operator's `late` output, and each operator's count of them to
+    /// [`JobReport::totals`] (`<operator>.late`).
+    pub fn allowed_lateness(mut self, lateness: impl crate::time::IntoMillis) -> Self {
+        crate::operators::time::AllowedLateness(lateness.into_millis()).configure(&mut self.config.worker);
+        self
+    }
+
     /// Checkpoints the job as `config` says.
     pub fn checkpointed(mut self, config: CheckpointConfig) -> Self {
         self.checkpoints = Some(config);

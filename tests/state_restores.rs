@@ -212,3 +212,129 @@ fn a_state_type_that_does_not_read_back_fails_the_first_checkpoint_naming_it() {
     let json = run_latest(&scratch.0.join("json"), |v| serde_json::json!({"v": v, "tags": ["a", v % 3]}));
     assert!(json.is_ok(), "{json:?}");
 }
+
+/// Runs this test binary again as process `process` of a two-process job
+/// (`child_job` below), with `kind` its records; returns the child.
+fn start_process(kind: &str, process: usize, hosts: &Path, log: &Path) -> std::process::Child {
+    crash::start_child_job("STATE_RESTORES_CHILD", &format!("{kind};{process};{}", hosts.display()), log)
+}
+
+/// Free loopback ports for two processes.
+fn two_ports() -> [u16; 2] {
+    let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    [a.local_addr().unwrap().port(), b.local_addr().unwrap().port()]
+}
+
+/// Waits for `child` at most `secs` seconds (then kills it); its exit status.
+fn wait(child: &mut std::process::Child, secs: u64) -> Option<std::process::ExitStatus> {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < until {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// Runs the two-process job with records of `kind` (`cents`: `i64`,
+/// `decimal`: `Decimal`); returns each process's exit status and log.
+fn two_processes(kind: &str) -> Vec<(Option<std::process::ExitStatus>, String)> {
+    let scratch = Scratch::new("state-restores", &format!("exchange-{kind}"));
+    let [a, b] = two_ports();
+    let hosts = scratch.0.join("hosts.txt");
+    std::fs::write(&hosts, format!("127.0.0.1:{a}\n127.0.0.1:{b}\n")).unwrap();
+    let logs = [scratch.0.join("p0.log"), scratch.0.join("p1.log")];
+    let mut children: Vec<_> = (0..2).map(|p| start_process(kind, p, &hosts, &logs[p])).collect();
+    let statuses: Vec<_> = children.iter_mut().map(|c| wait(c, 60)).collect();
+    statuses.into_iter().zip(&logs).map(|(s, log)| (s, std::fs::read_to_string(log).unwrap_or_default())).collect()
+}
+
+#[test]
+fn records_bincode_cannot_read_are_refused_across_processes_naming_the_type() {
+    let mut windows = 0;
+    for (status, log) in two_processes("cents") {
+        assert!(status.is_some_and(|s| s.success()), "i64 records cross processes: {log}");
+        let n = log.lines().find_map(|l| l.strip_prefix("windows summed: ")).expect("the child's count");
+        windows += n.trim().parse::<usize>().unwrap();
+    }
+    assert_eq!(windows, 40, "4 windows of 10 keys, each once over the processes");
+    let runs = two_processes("decimal");
+    for (status, log) in &runs {
+        assert!(!status.is_some_and(|s| s.success()), "a job exchanging Decimal records must not run: {log}");
+    }
+    let refused = runs
+        .iter()
+        .find(|(_, log)| log.contains("cannot be sent to another process"))
+        .unwrap_or_else(|| panic!("no process said why: {runs:?}"));
+    assert!(refused.1.contains("rust_decimal::Decimal") && refused.1.contains("-n 1"), "{}", refused.1);
+}
+
+/// A process of the two-process job of [`two_processes`]: 40 records per
+/// worker over 10 keys, summed per key in 1 s windows, each record's amount
+/// an `i64` (`cents`) or a `Decimal`.
+#[test]
+#[ignore = "run by the tests above as a child process"]
+fn child_job() {
+    use highwater::prelude::*;
+    use std::sync::Arc;
+
+    let spec = std::env::var("STATE_RESTORES_CHILD").expect("the child's spec");
+    let mut parts = spec.splitn(3, ';');
+    let (kind, process, hosts) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+    let args: Vec<String> = ["child", "--", "-w", "1", "-n", "2", "-p", process, "-h", hosts].map(String::from).into();
+    let job = highwater::Job::from_args(&args).expect("the layout");
+    let windows = Collected::default();
+    let sink = windows.clone();
+    let kind = kind.to_owned();
+    let report = job.run(move |worker| {
+        let (kind, sink) = (kind.clone(), sink.clone());
+        worker.dataflow(|scope| -> anyhow::Result<()> {
+            let partitions: Vec<Vec<(u32, i64, u64)>> = (0..2u64)
+                .map(|p| (0..40u64).map(|i| ((i % 10) as u32, (i * 7 + p) as i64, i * 100 + p)).collect())
+                .collect();
+            let options = SourceOptions::default();
+            if kind == "decimal" {
+                let partitions = partitions
+                    .into_iter()
+                    .map(|p| p.into_iter().map(|(k, c, t)| (k, rust_decimal::Decimal::new(c, 2), t)).collect())
+                    .collect();
+                let source = Arc::new(MemorySource::new(partitions));
+                let events = read(
+                    scope,
+                    source,
+                    |r: &(u32, rust_decimal::Decimal, u64)| r.2,
+                    options,
+                    &SourceMetrics::default(),
+                    None,
+                )?;
+                let sums = events
+                    .events
+                    .key_by(|r: &(u32, rust_decimal::Decimal, u64)| r.0)
+                    .window(Tumbling::of(1000))
+                    .aggregate(Sum::of(|r: &(u32, rust_decimal::Decimal, u64)| r.1));
+                collect(&sums.results.map(|r| r.key), &sink);
+            } else {
+                let source = Arc::new(MemorySource::new(partitions));
+                let events = read(scope, source, |r: &(u32, i64, u64)| r.2, options, &SourceMetrics::default(), None)?;
+                let sums = events
+                    .events
+                    .key_by(|r: &(u32, i64, u64)| r.0)
+                    .window(Tumbling::of(1000))
+                    .aggregate(Sum::of(|r: &(u32, i64, u64)| r.1));
+                collect(&sums.results.map(|r| r.key), &sink);
+            }
+            Ok(())
+        })
+    });
+    match report {
+        Ok(_) => eprintln!("windows summed: {}", windows.rows().len()),
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    }
+}

@@ -369,7 +369,15 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         B: Fn(&L, Timestamp) -> (Timestamp, Timestamp) + 'static,
         F: Fn(&L, &R) -> O + 'static,
     {
-        self.interval_join_core("IntervalJoin", other, key_left, key_right, interval, AllowedLateness::ZERO, output)
+        self.interval_join_core(
+            "IntervalJoin",
+            other,
+            key_left,
+            key_right,
+            interval,
+            AllowedLateness::default_of(&self.scope()),
+            output,
+        )
     }
 
     /// [`interval_join`](Self::interval_join) with an operator name.
@@ -434,6 +442,8 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         let (mut late_left_out, late_left) = builder.output::<L>();
         let (mut late_right_out, late_right) = builder.output::<R>();
         let (count_left, count_right, expired) = (Counter::new(), Counter::new(), Counter::new());
+        crate::totals::Totals::count_in(&self.scope(), &format!("{name}.late"), &count_left);
+        crate::totals::Totals::count_in(&self.scope(), &format!("{name}.late"), &count_right);
         if ttl.is_some() {
             crate::totals::Totals::count_in(&self.scope(), &format!("{name}.expired"), &expired);
         }
@@ -926,7 +936,7 @@ impl<'scope, L: Data + PartialEq> EventStream<'scope, L> {
         KL: Fn(&L) -> K + 'static,
         KR: Fn(&R) -> K + 'static,
     {
-        self.window_join_with(other, windows, key_left, key_right, AllowedLateness::ZERO)
+        self.window_join_with(other, windows, key_left, key_right, AllowedLateness::default_of(&self.scope()))
     }
 
     fn window_join_with<K, R, W, KL, KR>(

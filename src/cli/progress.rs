@@ -179,7 +179,7 @@ pub(super) fn summary(gauges: &Gauges, totals: &BTreeMap<String, u64>, started: 
         "events={events} seconds={seconds:.3} events/s={:.0} late={} late_read={} dead_letters={} rows={rows} \
          throttled_ms={} aligned_ms={} expired={} peak_rss_mib={}",
         events as f64 / seconds.max(1e-9),
-        totals.get("late").copied().unwrap_or_else(|| gauges.late()),
+        totals.get("late").copied().unwrap_or_else(|| total(".late", gauges.late())),
         total(".late_read", gauges.source.late.get()),
         total(".dead_letters", gauges.source.dead_letters.get()),
         total(".throttled_us", gauges.source.throttled_us.get()) / 1000,

@@ -147,7 +147,7 @@ impl<'scope, E: Data> EventStream<'scope, E> {
     /// (`events.key_by(|e| e.user).window(Tumbling::of(10.secs()))`, the
     /// same as `window(..).key_by(..)`).
     pub fn key_by<K: Key, KF: Fn(&E) -> K + 'static>(&self, key: KF) -> KeyedEvents<'scope, E, KF> {
-        KeyedEvents { stream: self.clone(), key, lateness: AllowedLateness::ZERO }
+        KeyedEvents { stream: self.clone(), key, lateness: AllowedLateness::default_of(&self.scope()) }
     }
 }
 
@@ -332,7 +332,7 @@ impl<'scope, E: Data + Sync> EventStream<'scope, E> {
         K: Key,
         KF: Fn(&E) -> K + 'static,
     {
-        self.match_pattern_core(key, pattern, AllowedLateness::ZERO)
+        self.match_pattern_core(key, pattern, AllowedLateness::default_of(&self.scope()))
     }
 
     fn match_pattern_core<K, KF>(
@@ -362,6 +362,7 @@ impl<'scope, E: Data + Sync> EventStream<'scope, E> {
         let (mut timeouts_out, timeouts) = builder.output::<Match<K, E>>();
         let (mut late_out, late) = builder.output::<E>();
         let count = Counter::new();
+        crate::totals::Totals::count_in(&self.scope(), "MatchPattern.late", &count);
         let mut op = PatternOperator {
             names: matcher.names().to_vec(),
             within: matcher.within(),

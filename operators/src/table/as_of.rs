@@ -183,7 +183,9 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         V: Data + PartialEq,
         KF: Fn(&D) -> K + 'static,
     {
-        self.as_of_core("JoinAsOf", table, key, AllowedLateness::ZERO, |d, v| v.map(|v| (d, v.clone())))
+        self.as_of_core("JoinAsOf", table, key, AllowedLateness::default_of(&self.scope()), |d, v| {
+            v.map(|v| (d, v.clone()))
+        })
     }
 
     /// [`join_as_of`](Self::join_as_of), keeping events without a value (with
@@ -198,7 +200,9 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         V: Data + PartialEq,
         KF: Fn(&D) -> K + 'static,
     {
-        self.as_of_core("LeftJoinAsOf", table, key, AllowedLateness::ZERO, |d, v| Some((d, v.cloned())))
+        self.as_of_core("LeftJoinAsOf", table, key, AllowedLateness::default_of(&self.scope()), |d, v| {
+            Some((d, v.cloned()))
+        })
     }
 
     pub(crate) fn as_of_core<K, V, KF, O, F>(
@@ -227,6 +231,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
         let (mut results_out, results) = builder.output::<O>();
         let (mut late_out, late) = builder.output::<D>();
         let count = Counter::new();
+        crate::totals::Totals::count_in(&self.scope(), &format!("{name}.late"), &count);
         let mut join = AsOfJoin {
             key,
             output,

@@ -226,7 +226,7 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
     /// ]);
     /// ```
     pub fn upsert(&self) -> Upserted<'scope, K, V> {
-        self.upsert_with(AllowedLateness::ZERO, StateTtl::of(&self.scope()))
+        self.upsert_with(AllowedLateness::default_of(&self.scope()), StateTtl::of(&self.scope()))
     }
 
     fn upsert_with(&self, lateness: AllowedLateness, ttl: Option<StateTtl>) -> Upserted<'scope, K, V> {
@@ -238,6 +238,7 @@ impl<'scope, K: Key, V: Data + PartialEq> EventStream<'scope, (K, Option<V>)> {
         let (mut log_out, log) = builder.output::<(K, V)>();
         let (mut late_out, late) = builder.output::<(K, Option<V>)>();
         let (count, expired) = (Counter::new(), Counter::new());
+        crate::totals::Totals::count_in(&self.scope(), "Upsert.late", &count);
         if ttl.is_some() {
             crate::totals::Totals::count_in(&self.scope(), "Upsert.expired", &expired);
         }
@@ -347,7 +348,7 @@ impl<'scope, K: Key, V: Data + PartialEq> WithTtl<'scope, (K, Option<V>)> {
     /// ]);
     /// ```
     pub fn upsert(&self) -> Upserted<'scope, K, V> {
-        self.stream.upsert_with(AllowedLateness::ZERO, Some(self.ttl))
+        self.stream.upsert_with(AllowedLateness::default_of(&self.stream.scope()), Some(self.ttl))
     }
 }
 

@@ -96,9 +96,41 @@ impl DurationExt for i32 {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct AllowedLateness(pub u64);
 
+/// The timely configuration entry that holds a job-wide allowed lateness.
+const DEFAULT_LATENESS_KEY: &str = "highwater.allowed_lateness";
+
 impl AllowedLateness {
     /// No lateness: results are final when first emitted.
     pub const ZERO: AllowedLateness = AllowedLateness(0);
+
+    /// Makes `self` the allowed lateness of every operator of the
+    /// computation started with `config` that is not given one of its own
+    /// ([`EventStream::allowed_lateness`](crate::EventStream::allowed_lateness)):
+    /// windows, patterns, upsert tables, as-of, interval and window joins
+    /// (`highwater::Job::allowed_lateness` calls it).
+    ///
+    /// ```
+    /// use highwater_operators::time::AllowedLateness;
+    /// let mut config = timely::WorkerConfig::default();
+    /// AllowedLateness(5_000).configure(&mut config);
+    /// assert_eq!(AllowedLateness::of_config(&config), AllowedLateness(5_000));
+    /// assert_eq!(AllowedLateness::of_config(&timely::WorkerConfig::default()), AllowedLateness::ZERO);
+    /// ```
+    pub fn configure(self, config: &mut timely::WorkerConfig) {
+        config.set(DEFAULT_LATENESS_KEY.to_owned(), self);
+    }
+
+    /// The job-wide allowed lateness of a worker's configuration
+    /// ([`configure`](Self::configure)), or zero.
+    pub fn of_config(config: &timely::WorkerConfig) -> AllowedLateness {
+        config.get::<AllowedLateness>(DEFAULT_LATENESS_KEY).copied().unwrap_or(AllowedLateness::ZERO)
+    }
+
+    /// The allowed lateness of an operator built in `scope` without one of
+    /// its own: the job's ([`configure`](Self::configure)), or zero.
+    pub fn default_of(scope: &timely::dataflow::Scope<'_, Timestamp>) -> AllowedLateness {
+        Self::of_config(scope.worker().config())
+    }
 
     /// The watermark at which state that completes at `complete_at` can be
     /// released: `complete_at + lateness`, saturating at the end of time.

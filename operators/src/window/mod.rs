@@ -150,6 +150,7 @@ where
     let (results, results_stream) = builder.output();
     let (late, late_stream) = builder.output();
     let late_count = Counter::new();
+    crate::totals::Totals::count_in(&stream.scope(), &format!("{name}.late"), &late_count);
     let windowed =
         Windowed { results: results_stream, late: LateOutput { stream: late_stream, count: late_count.clone() } };
     (Skeleton { builder, input, results, late, late_count }, windowed)
@@ -427,7 +428,7 @@ impl<'scope, D: Data> EventStream<'scope, D> {
     /// Groups the stream into windows (of all records together until
     /// [`WindowedStream::key_by`] names a key).
     pub fn window<W: WindowSpec<D>>(&self, windows: W) -> WindowedStream<'scope, D, W, fn(&D)> {
-        self.window_with(windows, AllowedLateness::ZERO)
+        self.window_with(windows, AllowedLateness::default_of(&self.scope()))
     }
 
     fn window_with<W: WindowSpec<D>>(

@@ -13,7 +13,7 @@
 //! use highwater_operators::wire::wire_check;
 //! assert!(wire_check::<(u64, String, Option<Vec<i32>>)>().is_ok());
 //! let refused = wire_check::<(u64, rust_decimal::Decimal)>().unwrap_err();
-//! assert!(refused.to_string().contains("rust_decimal::Decimal"), "{refused}");
+//! assert!(refused.to_string().contains("Decimal"), "{refused}");
 //! ```
 
 use std::cell::Cell;

@@ -20,9 +20,10 @@ pub const SAMPLE: usize = 64;
 /// ```
 /// use highwater_operators::state::sampled_bytes;
 /// let map: std::collections::HashMap<u32, String> = (0..1000).map(|k| (k, "abcd".to_owned())).collect();
-/// // A u32 below 2^14 takes 2 or 3 bytes (tag and varint), the string 6 (tag, length and bytes).
+/// // An entry is a pair (a tag and a count, 2 bytes), the u32 below 2^14 2 or
+/// // 3 bytes (tag and varint), the string 6 (tag, length and bytes).
 /// let bytes = sampled_bytes(map.len(), map.iter());
-/// assert!((8_000..=9_000).contains(&bytes), "{bytes}");
+/// assert!((10_000..=11_000).contains(&bytes), "{bytes}");
 /// ```
 pub fn sampled_bytes<'a, K: Serialize + 'a, V: Serialize + 'a>(
     len: usize,

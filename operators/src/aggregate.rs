@@ -108,44 +108,35 @@ pub trait Number: Data + Copy {
     fn mean(acc: &Self::Acc, count: i64) -> Self::Mean;
 }
 
-impl Number for i64 {
-    /// Exact: wide enough for any number of `i64` values a job sees.
-    type Acc = i128;
-    type Mean = f64;
-    fn add(acc: &mut i128, value: i64, diff: Diff) {
-        *acc = acc.wrapping_add(i128::from(value) * i128::from(diff));
-    }
-    fn merge(acc: &mut i128, other: i128) {
-        *acc = acc.wrapping_add(other);
-    }
-    /// The sum, saturated to `i64`'s range.
-    fn total(acc: &i128) -> i64 {
-        (*acc).clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
-    }
-    fn mean(acc: &i128, count: i64) -> f64 {
-        *acc as f64 / count as f64
-    }
+/// [`Number`] for an integer type: an exact `i128` sum (signed, so that
+/// retractions net out; wide enough for any number of values a job sees),
+/// saturated to the type's range when read.
+macro_rules! integer_number {
+    ($t:ty) => {
+        impl Number for $t {
+            type Acc = i128;
+            type Mean = f64;
+            fn add(acc: &mut i128, value: $t, diff: Diff) {
+                *acc = acc.wrapping_add(i128::from(value) * i128::from(diff));
+            }
+            fn merge(acc: &mut i128, other: i128) {
+                *acc = acc.wrapping_add(other);
+            }
+            /// The sum, saturated to the type's range (for `u64`, 0 while
+            /// retractions exceed it).
+            fn total(acc: &i128) -> $t {
+                (*acc).clamp(i128::from(<$t>::MIN), i128::from(<$t>::MAX)) as $t
+            }
+            fn mean(acc: &i128, count: i64) -> f64 {
+                *acc as f64 / count as f64
+            }
+        }
+    };
 }
 
-impl Number for u64 {
-    /// Exact, signed so that retractions net out: wide enough for any
-    /// number of `u64` values a job sees (`Count`'s output, say).
-    type Acc = i128;
-    type Mean = f64;
-    fn add(acc: &mut i128, value: u64, diff: Diff) {
-        *acc = acc.wrapping_add(i128::from(value) * i128::from(diff));
-    }
-    fn merge(acc: &mut i128, other: i128) {
-        *acc = acc.wrapping_add(other);
-    }
-    /// The sum, saturated to `u64`'s range (0 while retractions exceed it).
-    fn total(acc: &i128) -> u64 {
-        (*acc).clamp(0, i128::from(u64::MAX)) as u64
-    }
-    fn mean(acc: &i128, count: i64) -> f64 {
-        *acc as f64 / count as f64
-    }
-}
+integer_number!(i64);
+// `Count`'s output.
+integer_number!(u64);
 
 /// A compensated `f64` sum (Neumaier): the sum and its running error.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
